@@ -1,0 +1,123 @@
+"""Cache counters shared by every process on the node.
+
+Each process counts into its own small memory-mapped file (no lock, no syscall
+per update); readers sum all files.  Files of processes that have exited are
+folded into ``total.bin`` so the directory stays small.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import Any
+
+import numpy as np
+
+TIERS = ("ram", "ssd")
+TIER_FIELDS = ("hits", "misses", "hit_bytes", "fills", "fill_bytes", "evictions",
+               "bypassed", "corrupt", "errors")
+FIELDS = tuple(f"{t}_{f}" for t in TIERS for f in TIER_FIELDS) + (
+    "origin_requests", "origin_bytes", "origin_errors")
+_INDEX = {name: i for i, name in enumerate(FIELDS)}
+_SLOTS = 64  # room to add counters without changing the file size
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Stats:
+    """This process's counters in ``directory``; ``Stats(None)`` counts in memory only."""
+
+    def __init__(self, directory: str | None):
+        self.directory = directory
+        self._pid = -1
+        self._counts: np.ndarray = np.zeros(_SLOTS, dtype=np.int64)
+
+    def _open(self) -> np.ndarray:
+        if self._pid == os.getpid():
+            return self._counts
+        self._pid = os.getpid()
+        self._counts = np.zeros(_SLOTS, dtype=np.int64)
+        if self.directory is None:
+            return self._counts
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fold(self.directory)
+            path = os.path.join(self.directory, f"{self._pid}-{os.urandom(4).hex()}.bin")
+            with open(path, "wb") as f:
+                f.write(bytes(8 * _SLOTS))
+            self._counts = np.memmap(path, dtype=np.int64, mode="r+", shape=(_SLOTS,))
+        except OSError:
+            pass  # counting in memory is fine; the cache must not fail over its stats
+        return self._counts
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"])
+
+    def add(self, name: str, n: int = 1) -> None:
+        self._open()[_INDEX[name]] += n
+
+
+def _read(path: str) -> np.ndarray:
+    counts = np.zeros(_SLOTS, dtype=np.int64)
+    try:
+        data = np.fromfile(path, dtype=np.int64)
+        counts[:min(_SLOTS, data.size)] = data[:_SLOTS]
+    except (OSError, ValueError):
+        pass
+    return counts
+
+
+def fold(directory: str) -> None:
+    """Add the counters of exited processes to ``total.bin`` and remove their files."""
+    lock_path = os.path.join(directory, "lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        total_path = os.path.join(directory, "total.bin")
+        total = _read(total_path)
+        dead = []
+        for name in os.listdir(directory):
+            pid = name.split("-", 1)[0]
+            if name.endswith(".bin") and pid.isdigit() and not _alive(int(pid)):
+                total += _read(os.path.join(directory, name))
+                dead.append(name)
+        if dead:
+            tmp = f"{total_path}.{os.getpid()}.tmp"
+            total.tofile(tmp)
+            os.replace(tmp, total_path)
+            for name in dead:
+                os.unlink(os.path.join(directory, name))
+
+
+def read_stats(directory: str | None) -> dict[str, int]:
+    """Counters summed over every process that used the cache since it was last cleared."""
+    counts = np.zeros(_SLOTS, dtype=np.int64)
+    if directory and os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.endswith(".bin"):
+                counts += _read(os.path.join(directory, name))
+    return {name: int(counts[i]) for name, i in _INDEX.items()}
+
+
+def summarize(counts: dict[str, int], usage: dict[str, Any]) -> dict[str, Any]:
+    """Group raw counters by tier and add hit rates and on-disk bytes."""
+    out: dict[str, Any] = {}
+    for tier in TIERS:
+        t = {f: counts[f"{tier}_{f}"] for f in TIER_FIELDS}
+        looked = t["hits"] + t["misses"]
+        t["hit_rate"] = round(t["hits"] / looked, 4) if looked else 0.0
+        t.update(usage.get(tier, {}))
+        out[tier] = t
+    out["origin"] = {"requests": counts["origin_requests"], "bytes": counts["origin_bytes"],
+                     "errors": counts["origin_errors"]}
+    return out

@@ -1,0 +1,298 @@
+"""One cache tier: a directory shared by every process on the node, with a byte budget.
+
+The engine is :mod:`diskcache` (SQLite index + one file per value), which gives
+process-safe inserts and lookups.  On top of it this module adds what diskcache
+lacks: a header with length and crc32c on every value (checked on read; a bad
+value is dropped and reported as a miss), a hard byte budget that counts the
+index files (eviction runs *before* an insert, in the same transaction), page
+rounding of sizes, a sweep of files left by killed writers, and graceful
+degradation: any failure of the tier warns once and reads fall through.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+import warnings
+from typing import Any
+
+import diskcache
+from crc32c import crc32c
+import numpy as np
+
+from zstore.cache.stats import Stats
+
+MAGIC = b"ZSV1"
+HEADER = struct.Struct("<4sIQI")  # magic, flags, payload length, crc32c of payload
+HEADER_SIZE = 64  # payloads start 64-byte aligned so decoded arrays map zero-copy
+PAGE = 4096
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
+              "fuse.sshfs", "9p", "afs", "glusterfs", "fuse.glusterfs")
+
+
+def rounded(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def pack(payload: bytes | memoryview) -> bytes:
+    header = HEADER.pack(MAGIC, 0, len(payload), crc32c(payload))
+    return header + bytes(HEADER_SIZE - HEADER.size) + payload
+
+
+def unpack(value: bytes | memoryview) -> memoryview | None:
+    """The payload of a packed value, or None when its header, length or crc32c is wrong."""
+    if len(value) < HEADER_SIZE:
+        return None
+    magic, _, length, crc = HEADER.unpack_from(value)
+    payload = memoryview(value)[HEADER_SIZE:]
+    if magic != MAGIC or len(payload) != length:
+        return None
+    if crc32c(payload) != crc:
+        return None
+    return payload
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the file system that holds ``path`` (from /proc/mounts)."""
+    best, kind = "", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and (path == parts[1] or path.startswith(
+                        parts[1].rstrip("/") + "/")) and len(parts[1]) > len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+class _Disk(diskcache.Disk):
+    """diskcache's Disk with page-rounded sizes and one level of 256 subdirectories."""
+
+    last_path: str | None = None
+
+    def filename(self, key: Any = diskcache.core.UNKNOWN,
+                 value: Any = diskcache.core.UNKNOWN) -> tuple[str, str]:
+        name = os.urandom(16).hex()
+        filename = os.path.join(name[:2], name[2:] + ".val")
+        self.last_path = os.path.join(self._directory, filename)
+        return filename, self.last_path
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        size, mode, filename, db_value = super().store(value, read, key=key)
+        return rounded(size), mode, filename, db_value
+
+
+class Tier:
+    """A byte-budgeted, node-shared key -> bytes tier in ``directory``.
+
+    ``get``/``put`` move packed values; ``get_mapped`` maps a value read-only and
+    returns a zero-copy view of its payload.  Safe across processes and forks
+    (connections are reopened in a new process), pickles as its settings.
+    """
+
+    def __init__(self, name: str, directory: str, budget: int, stats: Stats):
+        self.name = name
+        self.directory = directory
+        self.budget = int(budget)
+        self.reserve = min(2 * 2**20, self.budget // 4)  # SQLite WAL, -shm, directories
+        self.stats = stats
+        self._pid = -1
+        self._cache: diskcache.Cache | None = None
+        self._warned: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "directory": self.directory, "budget": self.budget,
+                "stats": self.stats}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+    def _warn(self, what: str, exc: BaseException | str) -> None:
+        self.stats.add(f"{self.name}_errors")
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(f"zstore {self.name} tier at {self.directory}: {what} ({exc}); "
+                          "reading through to the next tier or the origin", stacklevel=3)
+
+    def _open(self) -> diskcache.Cache | None:
+        if self._pid == os.getpid():
+            return self._cache
+        self._pid, self._cache, self._warned = os.getpid(), None, set()
+        fstype = filesystem_type(os.path.abspath(self.directory))
+        if fstype in NETWORK_FS:
+            self._warn("disabled: the directory is on a network file system "
+                       f"({fstype}); SQLite locking is unsafe there, use local disk or tmpfs",
+                       fstype)
+            return None
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self._cache = diskcache.Cache(
+                self.directory, disk=_Disk, size_limit=2**62, cull_limit=0,
+                eviction_policy="least-recently-stored", disk_min_file_size=0,
+                statistics=0, sqlite_wal_autocheckpoint=64, sqlite_mmap_size=0)
+        except Exception as e:  # read-only, missing or full directory: run without the tier
+            self._warn("cannot be opened", e)
+            self._cache = None
+            return None
+        self._sweep_if_due()
+        return self._cache
+
+    def _sweep_if_due(self, every: float = 600.0) -> None:
+        mark = os.path.join(self.directory, "swept")
+        try:
+            if time.time() - os.stat(mark).st_mtime < every:
+                return
+        except FileNotFoundError:
+            pass
+        try:
+            with open(mark, "a"):
+                os.utime(mark)
+            self.sweep()
+        except Exception as e:
+            self._warn("sweeping leftover files failed", e)
+
+    def sweep(self, min_age: float = 60.0) -> int:
+        """Remove value files no index row refers to (left by killed writers)."""
+        cache = self._cache
+        if cache is None:
+            return 0
+        known = {row[0] for row in cache._sql("SELECT filename FROM Cache").fetchall()}
+        now, removed = time.time(), 0
+        for sub in os.listdir(self.directory):
+            subdir = os.path.join(self.directory, sub)
+            if len(sub) != 2 or not os.path.isdir(subdir):
+                continue
+            for name in os.listdir(subdir):
+                rel, full = os.path.join(sub, name), os.path.join(subdir, name)
+                try:
+                    if rel not in known and now - os.stat(full).st_mtime > min_age:
+                        os.unlink(full)
+                        removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
+
+    def get(self, key: str) -> bytes | None:
+        """The payload for ``key``, or None (missing, failed its check, or tier down)."""
+        cache = self._open()
+        if cache is None:
+            return None
+        try:
+            handle = cache.get(key, default=None, read=True)
+            if handle is None:
+                self.stats.add(f"{self.name}_misses")
+                return None
+            with handle:
+                value = handle.read()
+        except Exception as e:
+            self._warn("read failed", e)
+            return None
+        payload = unpack(value)
+        if payload is None:
+            return self._corrupt(cache, key)
+        self.stats.add(f"{self.name}_hits")
+        self.stats.add(f"{self.name}_hit_bytes", len(payload))
+        return bytes(payload)
+
+    def get_mapped(self, key: str) -> tuple[memoryview, str, int] | None:
+        """Map ``key``'s value: (payload view, file path, inode), or None."""
+        cache = self._open()
+        if cache is None:
+            return None
+        try:
+            handle = cache.get(key, default=None, read=True)
+            if handle is None:
+                self.stats.add(f"{self.name}_misses")
+                return None
+            with handle:
+                size = os.fstat(handle.fileno()).st_size
+                mapped = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+                ino = os.fstat(handle.fileno()).st_ino
+        except Exception as e:
+            self._warn("read failed", e)
+            return None
+        payload = unpack(mapped)
+        if payload is None:
+            return self._corrupt(cache, key)
+        self.stats.add(f"{self.name}_hits")
+        self.stats.add(f"{self.name}_hit_bytes", len(payload))
+        return payload, handle.name, ino
+
+    def _corrupt(self, cache: diskcache.Cache, key: str) -> None:
+        self.stats.add(f"{self.name}_corrupt")
+        self.stats.add(f"{self.name}_misses")
+        try:
+            cache.delete(key, retry=True)
+        except Exception as e:
+            self._warn("dropping a corrupt value failed", e)
+        return None
+
+    def put(self, key: str, payload: bytes | memoryview | np.ndarray) -> bool:
+        """Store ``payload`` under ``key``, evicting the oldest values first to stay in budget."""
+        cache = self._open()
+        if cache is None:
+            return False
+        value = pack(payload if not isinstance(payload, np.ndarray) else payload.tobytes())
+        need = rounded(len(value))
+        if need + self.reserve > self.budget:
+            self.stats.add(f"{self.name}_bypassed")
+            return False
+        disk: _Disk = cache.disk
+        try:
+            with cache._transact(retry=True) as (sql, cleanup):
+                self._make_room(cache, sql, cleanup, need)
+                cache.set(key, value, retry=True)
+        except Exception as e:  # full disk, deleted or read-only directory
+            if disk.last_path:
+                try:
+                    os.unlink(disk.last_path)
+                except OSError:
+                    pass
+            self._warn("write failed", e)
+            return False
+        self.stats.add(f"{self.name}_fills")
+        self.stats.add(f"{self.name}_fill_bytes", len(value))
+        return True
+
+    def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int) -> None:
+        limit = self.budget - self.reserve
+        excess = cache.volume() + need - limit
+        while excess > 0:
+            rows = sql("SELECT rowid, filename, size FROM Cache ORDER BY store_time LIMIT 64"
+                       ).fetchall()
+            if not rows:
+                return
+            victims = []
+            for rowid, filename, size in rows:
+                victims.append((rowid, filename))
+                excess -= size
+                if excess <= 0:
+                    break
+            sql("DELETE FROM Cache WHERE rowid IN (%s)" % ",".join(str(r) for r, _ in victims))
+            for _, filename in victims:
+                cleanup(filename)
+            self.stats.add(f"{self.name}_evictions", len(victims))
+            excess = cache.volume() + need - limit
+
+    def usage(self) -> dict[str, int]:
+        """Bytes the tier occupies on disk (values, index, WAL) and its entry count."""
+        used = 0
+        for dirpath, _, files in os.walk(self.directory):
+            for f in files:
+                try:
+                    used += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+                except FileNotFoundError:
+                    pass
+        cache = self._open()
+        entries = len(cache) if cache is not None else 0
+        return {"bytes_on_disk": used, "entries": entries, "budget": self.budget}
+
+    def clear(self) -> None:
+        cache = self._open()
+        if cache is not None:
+            cache.clear(retry=True)
+            self.sweep(min_age=0)

@@ -1,0 +1,125 @@
+"""The tiers composed: RAM tier -> SSD tier -> origin, keyed by (store id, key)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from zstore.cache.stats import Stats, read_stats, summarize
+from zstore.cache.tier import Tier
+from zstore.config import CacheConfig, ResolvedCache
+
+
+def stats_dir(config: ResolvedCache) -> str | None:
+    base = config.ram_dir or config.ssd_dir
+    return os.path.join(base, "stats") if base else None
+
+
+class TieredCache:
+    """Node-shared tiers in front of an origin.
+
+    A value found in the SSD tier is promoted to RAM; a value fetched from the
+    origin fills both.  ``ram=False`` keeps a value out of the RAM tier (used when
+    the RAM tier holds decoded chunks instead).  Keys are prefixed with the
+    store's id, so two stores, or a reconverted store, never share entries.
+    """
+
+    def __init__(self, config: ResolvedCache, namespace: str):
+        self.config = config
+        self.namespace = namespace
+        self.stats = Stats(stats_dir(config))
+        self.ram = Tier("ram", config.ram_dir, config.ram_bytes, self.stats) \
+            if config.ram_dir and config.ram_bytes else None
+        self.ssd = Tier("ssd", config.ssd_dir, config.ssd_bytes, self.stats) \
+            if config.ssd_dir and config.ssd_bytes else None
+
+    @property
+    def decoded(self) -> bool:
+        """True when the RAM tier holds decoded chunks (the reader's fast path)."""
+        return self.ram is not None and self.config.ram_format == "decoded"
+
+    def key(self, key: str) -> str:
+        return f"{self.namespace}/{key}"
+
+    def lookup(self, key: str, *, ram: bool = True) -> bytes | None:
+        """The value from the tiers only, or None."""
+        k = self.key(key)
+        if ram and self.ram is not None:
+            value = self.ram.get(k)
+            if value is not None:
+                return value
+        if self.ssd is not None:
+            value = self.ssd.get(k)
+            if value is not None:
+                if ram and self.ram is not None:
+                    self.ram.put(k, value)
+                return value
+        return None
+
+    def fill(self, key: str, value: bytes, *, ram: bool = True) -> None:
+        k = self.key(key)
+        if self.ssd is not None:
+            self.ssd.put(k, value)
+        if ram and self.ram is not None:
+            self.ram.put(k, value)
+
+    def get(self, key: str, fetch: Callable[[], bytes], *, ram: bool = True) -> bytes:
+        """The value for ``key`` from the first tier that has it, else from ``fetch()``."""
+        value = self.lookup(key, ram=ram)
+        if value is None:
+            value = fetch()
+            self.fill(key, value, ram=ram)
+        return value
+
+    def get_many(self, keys: Sequence[str],
+                 fetch_many: Callable[[list[str]], list[bytes]], *,
+                 ram: bool = True) -> list[bytes]:
+        """Like :meth:`get` for many keys; the misses are fetched in one call."""
+        values: list[bytes | None] = [self.lookup(k, ram=ram) for k in keys]
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+            fetched = fetch_many([keys[i] for i in missing])
+            for i, value in zip(missing, fetched):
+                values[i] = value
+                self.fill(keys[i], value, ram=ram)
+        return values  # type: ignore[return-value]
+
+    def usage(self) -> dict[str, Any]:
+        return {t.name: t.usage() for t in (self.ram, self.ssd) if t is not None}
+
+
+def _tiers(config: ResolvedCache) -> list[Tier]:
+    stats = Stats(None)
+    tiers = []
+    if config.ram_dir and config.ram_bytes:
+        tiers.append(Tier("ram", config.ram_dir, config.ram_bytes, stats))
+    if config.ssd_dir and config.ssd_bytes:
+        tiers.append(Tier("ssd", config.ssd_dir, config.ssd_bytes, stats))
+    return tiers
+
+
+def cache_stats(cache: CacheConfig | None = None) -> dict[str, Any]:
+    """Hits, misses, evictions and bytes per tier, summed over every process on the node."""
+    config = (cache or CacheConfig()).resolved()
+    usage = {t.name: t.usage() for t in _tiers(config)}
+    result = summarize(read_stats(stats_dir(config)), usage)
+    result["config"] = {"ram_dir": config.ram_dir, "ram_bytes": config.ram_bytes,
+                        "ssd_dir": config.ssd_dir, "ssd_bytes": config.ssd_bytes,
+                        "ram_format": config.ram_format}
+    return result
+
+
+def clear_cache(cache: CacheConfig | None = None) -> None:
+    """Empty every tier and reset the counters."""
+    config = (cache or CacheConfig()).resolved()
+    for tier in _tiers(config):
+        tier.clear()
+    directory = stats_dir(config)
+    if directory and os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.endswith(".bin"):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except FileNotFoundError:
+                    pass

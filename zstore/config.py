@@ -1,0 +1,216 @@
+"""Options for the cache tiers, with human sizes and ``ZSTORE_*`` environment variables.
+
+Precedence: an argument given to :class:`CacheConfig` wins over the environment,
+which wins over the defaults.  So a ``torchrun`` launch can set the cache once for
+every rank with environment variables, and a script can still pin a field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zstore.errors import ConfigError
+
+AUTO = "auto"
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+    "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: int | float | str, *, name: str = "size") -> int:
+    """Parse a byte count: ``1000``, ``"64GB"``, ``"500MiB"``, ``"1.5 G"``.
+
+    >>> parse_size("64GB"), parse_size("500MiB"), parse_size(0)
+    (64000000000, 524288000, 0)
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a byte count, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{name}: a byte count cannot be negative ({value!r})")
+        return int(value)
+    match = _SIZE_RE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ConfigError(
+            f"{name}: cannot read {value!r} as a size; write e.g. 1000000, '64GB' or '500MiB'"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    """Render a byte count for people: ``format_size(1536) == '1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _meminfo_bytes(field: str) -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def default_ram_dir() -> str | None:
+    """``/dev/shm/zstore`` where a tmpfs is mounted at ``/dev/shm``, else no RAM tier."""
+    return "/dev/shm/zstore" if os.path.isdir("/dev/shm") else None
+
+
+def default_ssd_dir() -> str:
+    """``$XDG_CACHE_HOME/zstore`` or ``~/.cache/zstore``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "zstore")
+
+
+def _free_bytes(path: str) -> int:
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return 0
+
+
+def default_ram_bytes(ram_dir: str) -> int:
+    """Half the free tmpfs, and at most a quarter of the machine's RAM."""
+    return int(min(_free_bytes(ram_dir) * 0.5, _meminfo_bytes("MemTotal") * 0.25))
+
+
+def default_ssd_bytes(ssd_dir: str) -> int:
+    """Half the free space on the disk that holds the SSD tier."""
+    return int(_free_bytes(ssd_dir) * 0.5)
+
+
+_ENV = {
+    "ram_bytes": "ZSTORE_RAM_BYTES",
+    "ram_dir": "ZSTORE_RAM_DIR",
+    "ram_format": "ZSTORE_RAM_FORMAT",
+    "ssd_bytes": "ZSTORE_SSD_BYTES",
+    "ssd_dir": "ZSTORE_SSD_DIR",
+    "fetch": "ZSTORE_FETCH",
+    "max_requests": "ZSTORE_MAX_REQUESTS",
+}
+_OFF = {"", "none", "off", "0", "false"}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Where the node-shared cache tiers live and how large they may grow.
+
+    Every field accepts ``"auto"`` (the default), which reads the matching
+    ``ZSTORE_*`` environment variable and otherwise picks the default below.
+
+    Args:
+        ram_bytes: byte budget of the RAM tier for the whole node (int or "64GB").
+            Default: half the free tmpfs, at most a quarter of RAM.  0 disables it.
+        ram_dir: the RAM tier's directory, on tmpfs.  Default ``/dev/shm/zstore``.
+            ``None`` disables the tier.
+        ram_format: ``"decoded"`` keeps decoded chunks in RAM (fast hits, about 2x
+            the room) or ``"encoded"`` keeps the compressed bytes.
+        ssd_bytes: byte budget of the SSD tier.  Default: half the disk's free space.
+        ssd_dir: the SSD tier's directory, on local disk.  Default
+            ``~/.cache/zstore``.  ``None`` disables the tier.
+        fetch: ``"range"`` reads only the chunks a window needs, ``"shard"`` reads a
+            whole shard on first touch, ``"auto"`` picks by origin kind and budget.
+        max_requests: origin requests in flight per process.
+
+    Environment: ``ZSTORE_RAM_BYTES``, ``ZSTORE_RAM_DIR``, ``ZSTORE_RAM_FORMAT``,
+    ``ZSTORE_SSD_BYTES``, ``ZSTORE_SSD_DIR``, ``ZSTORE_FETCH``,
+    ``ZSTORE_MAX_REQUESTS``; ``none`` or an empty value disables a directory.
+    """
+
+    ram_bytes: int | str = AUTO
+    ram_dir: str | os.PathLike[str] | None = AUTO
+    ram_format: str = AUTO
+    ssd_bytes: int | str = AUTO
+    ssd_dir: str | os.PathLike[str] | None = AUTO
+    fetch: str = AUTO
+    max_requests: int | str = AUTO
+
+    def resolved(self) -> ResolvedCache:
+        """Apply environment variables and defaults; validate every field."""
+        raw: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, str) and value == AUTO:
+                value = os.environ.get(_ENV[field.name], AUTO)
+            raw[field.name] = value
+        ram_dir = _resolve_dir(raw["ram_dir"], default_ram_dir())
+        ssd_dir = _resolve_dir(raw["ssd_dir"], default_ssd_dir())
+        ram_bytes = 0 if ram_dir is None else _resolve_bytes(
+            raw["ram_bytes"], "ram_bytes", lambda: default_ram_bytes(ram_dir))
+        ssd_bytes = 0 if ssd_dir is None else _resolve_bytes(
+            raw["ssd_bytes"], "ssd_bytes", lambda: default_ssd_bytes(ssd_dir))
+        ram_format = "decoded" if raw["ram_format"] == AUTO else str(raw["ram_format"])
+        if ram_format not in ("decoded", "encoded"):
+            raise ConfigError(f"ram_format must be 'decoded' or 'encoded', got {ram_format!r}")
+        fetch = str(raw["fetch"])
+        if fetch not in ("auto", "range", "shard"):
+            raise ConfigError(f"fetch must be 'auto', 'range' or 'shard', got {fetch!r}")
+        max_requests = 16 if raw["max_requests"] == AUTO else int(raw["max_requests"])
+        if max_requests < 1:
+            raise ConfigError(f"max_requests must be at least 1, got {max_requests}")
+        return ResolvedCache(
+            ram_dir=ram_dir if ram_bytes else None, ram_bytes=ram_bytes,
+            ssd_dir=ssd_dir if ssd_bytes else None, ssd_bytes=ssd_bytes,
+            ram_format=ram_format, fetch=fetch, max_requests=max_requests,
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedCache:
+    """A :class:`CacheConfig` with every default applied (what the tiers use)."""
+
+    ram_dir: str | None
+    ram_bytes: int
+    ssd_dir: str | None
+    ssd_bytes: int
+    ram_format: str
+    fetch: str
+    max_requests: int
+
+
+def _resolve_dir(value: Any, default: str | None) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value == AUTO:
+        return default
+    if isinstance(value, str) and value.strip().lower() in _OFF:
+        return None
+    return os.path.abspath(os.path.expanduser(os.fspath(value)))
+
+
+def _resolve_bytes(value: Any, name: str, default: Any) -> int:
+    if isinstance(value, str) and value == AUTO:
+        return default()
+    return parse_size(value, name=name)
+
+
+def as_cache_config(cache: CacheConfig | bool | None) -> CacheConfig | None:
+    """``None``/``True`` -> defaults from the environment, ``False`` -> no cache."""
+    if cache is None or cache is True:
+        return CacheConfig()
+    if cache is False:
+        return None
+    if not isinstance(cache, CacheConfig):
+        raise ConfigError(f"cache must be a zstore.CacheConfig, None or False, got {cache!r}")
+    return cache

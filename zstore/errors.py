@@ -1,0 +1,40 @@
+"""Errors raised by zstore.
+
+Each error inherits from :class:`ZstoreError` and from the builtin it refines, so
+callers may catch either.  Messages name the file, item, array, key or path at
+fault and say what to do.
+"""
+
+from __future__ import annotations
+
+
+class ZstoreError(Exception):
+    """Base class of every error zstore raises on purpose."""
+
+
+class SourceError(ZstoreError, ValueError):
+    """The HDF5 source cannot be converted as asked (missing, corrupt, inconsistent)."""
+
+
+class DestinationError(ZstoreError, FileExistsError):
+    """The destination holds something zstore must not overwrite."""
+
+
+class StoreFormatError(ZstoreError, ValueError):
+    """A store is not a zstore store, or its manifest is inconsistent."""
+
+
+class ConfigError(ZstoreError, ValueError):
+    """An option or ``ZSTORE_*`` environment variable has a value zstore cannot use."""
+
+
+class ShortItemError(ZstoreError, ValueError):
+    """Items are shorter than the window and ``short="error"`` was asked for."""
+
+
+class OriginError(ZstoreError, OSError):
+    """Reading the origin failed for good (after retries, or a permanent error)."""
+
+
+class IntegrityError(ZstoreError, OSError):
+    """Bytes failed their checksum or length check."""

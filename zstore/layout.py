@@ -1,0 +1,199 @@
+"""The store layout, pure: manifest, array geometry, window -> chunk plan.  No I/O.
+
+A zstore store is a Zarr v3 hierarchy: one group per item, one array per dataset.
+The root group's attribute ``"zstore"`` holds the manifest (see :class:`Manifest`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zstore.errors import StoreFormatError
+
+FORMAT_VERSION = 1
+MANIFEST_ATTR = "zstore"
+PROGRESS_ATTR = "zstore_convert"
+DONE_ATTR = "zstore_complete"
+#: Chunks per shard along time: 64 one-second chunks make ~16 MB shards of
+#: 8-mic audio -- few objects on S3/NFS, while a shard index stays ~1 KiB.
+CHUNKS_PER_SHARD = 64
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What the manifest says about one array name, across items."""
+
+    rate: float | None  # samples per second along the time axis; None: not a time array
+    time_axis: int | None
+    inferred: bool = False
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The store's table of contents, kept in the root group's attributes."""
+
+    store_id: str
+    arrays: dict[str, ArrayInfo]
+    items: list[str]
+    lengths: dict[str, list[int]]  # time array name -> per-item length
+    codec: str = "lz4"
+    chunk_seconds: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def time_arrays(self) -> list[str]:
+        return [n for n, a in self.arrays.items() if a.rate is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "store_id": self.store_id,
+            "arrays": {n: {"rate": a.rate, "time_axis": a.time_axis, "inferred": a.inferred}
+                       for n, a in self.arrays.items()},
+            "items": list(self.items),
+            "lengths": {n: list(v) for n, v in self.lengths.items()},
+            "codec": self.codec,
+            "chunk_seconds": self.chunk_seconds,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "store") -> Manifest:
+        if not isinstance(data, dict) or "store_id" not in data:
+            raise StoreFormatError(
+                f"{where} has no zstore manifest; convert it with 'zstore convert' first")
+        if data.get("format") != FORMAT_VERSION:
+            raise StoreFormatError(
+                f"{where} has manifest format {data.get('format')!r}; this zstore reads "
+                f"format {FORMAT_VERSION}: reconvert it or upgrade zstore")
+        known = {"format", "store_id", "arrays", "items", "lengths", "codec", "chunk_seconds"}
+        return cls(
+            store_id=str(data["store_id"]),
+            arrays={n: ArrayInfo(a["rate"], a["time_axis"], bool(a.get("inferred", False)))
+                    for n, a in data["arrays"].items()},
+            items=list(data["items"]),
+            lengths={n: [int(x) for x in v] for n, v in data["lengths"].items()},
+            codec=data.get("codec", "?"),
+            chunk_seconds=float(data.get("chunk_seconds", 1.0)),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+def chunk_length(rate: float, chunk_seconds: float, length: int) -> int:
+    """Time-axis chunk length: about ``chunk_seconds`` at ``rate``, at most the length."""
+    return max(1, min(int(round(rate * chunk_seconds)), max(1, length)))
+
+
+def shard_length(chunk: int, length: int) -> int:
+    """Shard length along time: whole chunks, at most :data:`CHUNKS_PER_SHARD` of them."""
+    return chunk * max(1, min(CHUNKS_PER_SHARD, math.ceil(max(1, length) / chunk)))
+
+
+@dataclass(frozen=True)
+class ArrayLayout:
+    """Geometry and codecs of one stored array, from its ``zarr.json``.
+
+    ``fast`` is True when :mod:`zstore.reader` can read it itself: a regular grid,
+    default chunk keys, whole non-time axes, codecs ``bytes`` + blosc/zstd/crc32c,
+    optionally inside a ``sharding_indexed`` codec with the index at the end.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    time_axis: int
+    chunk: int  # inner chunk length along time
+    shard: int  # shard (stored object) length along time; == chunk when unsharded
+    sharded: bool
+    separator: str
+    codecs: tuple[dict[str, Any], ...]  # bytes-to-bytes codecs, in encoding order
+    index_codecs: tuple[dict[str, Any], ...]
+    fill_value: Any
+    fast: bool
+
+    @property
+    def length(self) -> int:
+        return self.shape[self.time_axis]
+
+    @property
+    def chunks_per_shard(self) -> int:
+        return self.shard // self.chunk
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        s = list(self.shape)
+        s[self.time_axis] = self.chunk
+        return tuple(s)
+
+    @property
+    def index_bytes(self) -> int:
+        checksum = 4 if any(c["name"] == "crc32c" for c in self.index_codecs) else 0
+        return 16 * self.chunks_per_shard + checksum
+
+    def object_key(self, shard_index: int) -> str:
+        coords = ["0"] * len(self.shape)
+        coords[self.time_axis] = str(shard_index)
+        return f"{self.path}/c{self.separator}{self.separator.join(coords)}"
+
+    def chunks_for(self, start: int, stop: int) -> range:
+        """Inner chunk numbers along time that ``[start, stop)`` overlaps."""
+        if stop <= start:
+            return range(0)
+        return range(start // self.chunk, (stop - 1) // self.chunk + 1)
+
+
+def parse_array_meta(path: str, meta: dict[str, Any], time_axis: int | None) -> ArrayLayout:
+    """Build an :class:`ArrayLayout` from a Zarr v3 array ``zarr.json`` document."""
+    shape = tuple(int(x) for x in meta["shape"])
+    ndim = len(shape)
+    axis = (time_axis if time_axis is not None else -1) % max(ndim, 1) if ndim else 0
+    grid = meta.get("chunk_grid", {})
+    outer = tuple(grid.get("configuration", {}).get("chunk_shape", shape))
+    keys = meta.get("chunk_key_encoding", {})
+    separator = keys.get("configuration", {}).get("separator", "/")
+    codecs = list(meta.get("codecs", []))
+    fast = grid.get("name") == "regular" and keys.get("name") == "default" and ndim > 0
+    sharded = bool(codecs) and codecs[0]["name"] == "sharding_indexed"
+    index_codecs: list[dict[str, Any]] = []
+    inner = outer
+    if sharded:
+        cfg = codecs[0]["configuration"]
+        inner = tuple(cfg["chunk_shape"])
+        index_codecs = list(cfg.get("index_codecs", []))
+        fast = fast and len(codecs) == 1 and cfg.get("index_location", "end") == "end"
+        fast = fast and [c["name"] for c in index_codecs] in (["bytes"], ["bytes", "crc32c"])
+        codecs = list(cfg["codecs"])
+    fast = fast and bool(codecs) and codecs[0]["name"] == "bytes"
+    fast = fast and all(c["name"] in ("blosc", "zstd", "crc32c") for c in codecs[1:])
+    endian = codecs[0].get("configuration", {}).get("endian", "little") if codecs else "little"
+    dtype = np.dtype(meta["data_type"]) if isinstance(meta.get("data_type"), str) else None
+    fast = fast and dtype is not None and (endian == "little" or dtype.itemsize == 1)
+    fast = fast and all(inner[a] >= shape[a] for a in range(ndim) if a != axis)
+    return ArrayLayout(
+        path=path, shape=shape, dtype=dtype if dtype is not None else np.dtype("V1"),
+        time_axis=axis, chunk=int(inner[axis]) if ndim else 1,
+        shard=int(outer[axis]) if ndim else 1, sharded=sharded, separator=separator,
+        codecs=tuple(codecs[1:]), index_codecs=tuple(index_codecs),
+        fill_value=meta.get("fill_value", 0), fast=bool(fast),
+    )
+
+
+@dataclass(frozen=True)
+class Span:
+    """A window on one array: ``[start, stop)`` along time, ``pad`` zeros after it."""
+
+    start: int
+    stop: int
+    pad: int = 0
+
+
+def scale(frames: int, coarse_rate: float, rate: float) -> int:
+    """Convert a position on the coarsest grid to the grid of ``rate`` (exact for integer ratios)."""
+    ratio = rate / coarse_rate
+    if float(ratio).is_integer():
+        return frames * int(ratio)
+    return int(math.floor(frames * ratio + 1e-9))

@@ -1,0 +1,225 @@
+"""The origin: where a store really lives (local path, NFS, or any fsspec URL such as S3).
+
+:class:`Origin` reads whole objects and byte ranges, many at once, with a bounded
+number of requests in flight, retries for transient errors under an overall
+deadline, and a length check so a truncated response is never taken for data.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import errno
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from zstore.errors import IntegrityError, OriginError
+
+#: (key, start, stop): stop None reads to the end; start < 0 reads a suffix of -start bytes.
+Request = tuple[str, int | None, int | None]
+
+
+def is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def zarr_store(url: str, storage_options: dict[str, Any] | None, *, read_only: bool) -> Any:
+    """A plain zarr store (no cache) for a path or fsspec URL."""
+    from zarr.storage import FsspecStore, LocalStore
+
+    url = os.fspath(url)
+    if is_url(url):
+        return FsspecStore.from_url(url, storage_options=storage_options or {},
+                                    read_only=read_only)
+    path = local_path(url)
+    if not read_only:
+        os.makedirs(path, exist_ok=True)
+    return LocalStore(path, read_only=read_only)
+
+
+def store_bytes(url: str, storage_options: dict[str, Any] | None = None) -> int:
+    """Bytes of every object under ``url``."""
+    if not is_url(url):
+        total = 0
+        for dirpath, _, files in os.walk(local_path(url)):
+            total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+        return total
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return int(fs.du(path))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff for transient origin errors."""
+
+    attempts: int = 6
+    first_delay: float = 0.05
+    max_delay: float = 2.0
+    deadline: float = 120.0
+
+
+class TransientError(OSError):
+    """A retryable failure (truncated response, reset connection, throttling, 5xx)."""
+
+
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+              ValueError, TypeError, KeyError, IntegrityError)
+_TRANSIENT_WORDS = ("timeout", "timed out", "throttl", "slowdown", "slow down", "reset",
+                    "connection", "503", "500", "502", "504", "internalerror",
+                    "serviceunavailable", "temporar", "broken pipe")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: timeouts, resets, throttling, 5xx, truncation."""
+    if isinstance(exc, TransientError):
+        return True
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT,
+                                                   errno.ECONNRESET, errno.ESTALE):
+        return True
+    text = f"{type(exc).__name__} {exc}".lower()
+    if "403" in text or "404" in text or "accessdenied" in text or "nosuchkey" in text:
+        return False
+    return any(w in text for w in _TRANSIENT_WORDS)
+
+
+def describe(key: str, start: int | None, stop: int | None) -> str:
+    if start is None and stop is None:
+        return key
+    if start is not None and start < 0:
+        return f"{key} (last {-start} bytes)"
+    return f"{key} bytes [{start or 0}, {'end' if stop is None else stop})"
+
+
+class Origin:
+    """Byte reader for one store root.  Safe to share between threads; pickles as its URL.
+
+    Missing objects raise :class:`FileNotFoundError` (zarr reads those as fill
+    values); every other failure, after retries, raises :class:`OriginError`
+    naming the store, key and byte range.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 max_requests: int = 16, retry: RetryPolicy = RetryPolicy(),
+                 fs: Any = None):
+        self.url = os.fspath(url).rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.max_requests = max_requests
+        self.retry = retry
+        self._fs_given = fs
+        self._pid = -1
+        self.requests = 0
+        self.bytes = 0
+        self._count_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options,
+                "max_requests": self.max_requests, "retry": self.retry,
+                "fs": self._fs_given}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["storage_options"], max_requests=state["max_requests"],
+                      retry=state["retry"], fs=state["fs"])
+
+    @property
+    def kind(self) -> str:
+        """``"local"`` for paths (local disk or NFS), else the fsspec protocol."""
+        if self._fs_given is not None:
+            proto = self._fs_given.protocol
+            return proto[0] if isinstance(proto, (tuple, list)) else proto
+        return self.url.split("://", 1)[0] if is_url(self.url) else "local"
+
+    def _open(self) -> None:
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()  # nothing opened before a fork is reused after it
+        self._pool: cf.ThreadPoolExecutor | None = None
+        if self._fs_given is not None:
+            self._fs, self._root = self._fs_given, self.url
+        elif is_url(self.url):
+            self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        else:
+            self._fs, self._root = None, local_path(self.url)
+
+    def _read_once(self, key: str, start: int | None, stop: int | None) -> bytes:
+        if self._fs is None:
+            with open(os.path.join(self._root, key), "rb") as f:
+                if start is not None and start < 0:
+                    size = os.fstat(f.fileno()).st_size
+                    start = max(0, size + start)
+                f.seek(start or 0)
+                data = f.read() if stop is None else f.read(stop - (start or 0))
+        else:
+            path = f"{self._root}/{key}"
+            if start is not None and start < 0:
+                data = self._fs.cat_file(path, start=start)
+            else:
+                data = self._fs.cat_file(path, start=start, end=stop)
+        if stop is not None and start is not None and start >= 0 and len(data) != stop - start:
+            raise TransientError(f"short read: {len(data)} of {stop - start} bytes")
+        return bytes(data)
+
+    def read(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
+        """Read one object or byte range, retrying transient errors."""
+        self._open()
+        policy, t0, delay = self.retry, time.monotonic(), self.retry.first_delay
+        for attempt in range(1, policy.attempts + 1):
+            try:
+                data = self._read_once(key, start, stop)
+            except FileNotFoundError:
+                raise
+            except Exception as e:  # classified below: retried or raised with context
+                late = time.monotonic() - t0 + delay > policy.deadline
+                if not is_transient(e) or attempt == policy.attempts or late:
+                    tries = f" after {attempt} attempts" if attempt > 1 else ""
+                    raise OriginError(f"{self.url}: reading {describe(key, start, stop)} "
+                                      f"failed{tries}: {type(e).__name__}: {e}") from e
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, policy.max_delay)
+                continue
+            with self._count_lock:
+                self.requests += 1
+                self.bytes += len(data)
+            return data
+        raise AssertionError("unreachable")
+
+    def read_many(self, requests: list[Request]) -> list[bytes]:
+        """Read several ranges concurrently (at most ``max_requests`` in flight)."""
+        self._open()
+        if len(requests) <= 1 or self._fs is None:
+            return [self.read(*r) for r in requests]
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.max_requests, thread_name_prefix="zstore")
+        return list(self._pool.map(lambda r: self.read(*r), requests))
+
+    def exists(self, key: str) -> bool:
+        self._open()
+        if self._fs is None:
+            return os.path.isfile(os.path.join(self._root, key))
+        return bool(self._fs.exists(f"{self._root}/{key}"))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key under ``prefix``."""
+        self._open()
+        if self._fs is None:
+            base = os.path.join(self._root, prefix)
+            found = []
+            for dirpath, _, files in os.walk(base):
+                rel = os.path.relpath(dirpath, self._root)
+                found += [f if rel == "." else f"{rel}/{f}".replace(os.sep, "/") for f in files]
+            return sorted(found)
+        root = self._fs._strip_protocol(self._root)
+        paths = self._fs.find(f"{self._root}/{prefix}".rstrip("/"))
+        return sorted(p[len(root):].lstrip("/") for p in paths)

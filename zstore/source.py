@@ -1,0 +1,185 @@
+"""Reading the HDF5 source: find items, check them, decide each array's rate.
+
+An *item* is an HDF5 group that directly holds at least one dataset; nested
+groups become nested item names (``"spk1/utt3"``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import numpy as np
+
+from zstore.errors import SourceError
+from zstore.layout import ArrayInfo
+
+NUMERIC_KINDS = "biufc"
+
+
+@dataclass
+class SourceItem:
+    """One HDF5 group: its datasets' shapes and dtypes."""
+
+    name: str
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, np.dtype]
+    nbytes: int
+
+
+@dataclass
+class SourcePlan:
+    """What the converter will write: items, per array name its rate and time axis."""
+
+    items: list[SourceItem]
+    arrays: dict[str, ArrayInfo]
+    skipped: list[str] = field(default_factory=list)  # "item/array: why"
+
+    def length(self, item: SourceItem, name: str) -> int:
+        info = self.arrays[name]
+        assert info.time_axis is not None
+        return item.shapes[name][info.time_axis]
+
+
+def open_source(src: str | os.PathLike[str]) -> h5py.File:
+    """Open the HDF5 file read-only, turning every failure into one clear error."""
+    path = os.fspath(src)
+    if not os.path.exists(path):
+        raise SourceError(f"{path}: no such HDF5 file; check the path")
+    if os.path.getsize(path) == 0:
+        raise SourceError(f"{path}: the file is empty (0 bytes); re-copy or regenerate it")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise SourceError(
+            f"{path}: cannot be read as HDF5 ({str(e).splitlines()[0]}); the file may be "
+            "truncated or corrupt: re-copy it from its source") from None
+
+
+def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
+    """List the items of ``src`` and the datasets that cannot be stored (non-numeric)."""
+    items: list[SourceItem] = []
+    skipped: list[str] = []
+    path = os.fspath(src)
+    with open_source(path) as f:
+        def visit(name: str, obj: Any) -> None:
+            if not isinstance(obj, h5py.Group):
+                return
+            shapes, dtypes, nbytes = {}, {}, 0
+            for key, ds in obj.items():
+                if not isinstance(ds, h5py.Dataset):
+                    continue
+                if ds.dtype.kind not in NUMERIC_KINDS or ds.dtype.names:
+                    skipped.append(f"{name}/{key}: non-numeric dtype {ds.dtype}")
+                    continue
+                shapes[key] = tuple(ds.shape)
+                dtypes[key] = ds.dtype
+                nbytes += ds.size * ds.dtype.itemsize
+            if shapes:
+                items.append(SourceItem(name, shapes, dtypes, nbytes))
+        try:
+            f.visititems(visit)
+            root = [k for k, v in f.items() if isinstance(v, h5py.Dataset)]
+        except (OSError, RuntimeError, KeyError) as e:
+            raise SourceError(f"{path}: reading the file failed ({e}); it may be truncated "
+                              "or corrupt: re-copy it") from None
+    skipped += [f"/{k}: dataset at the file's root, not in a group" for k in root]
+    if not items:
+        raise SourceError(f"{path}: holds no groups with numeric datasets; nothing to convert")
+    items.sort(key=lambda it: it.name)
+    return items, skipped
+
+
+def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
+    names = sorted({n for it in items for n in it.shapes})
+    for it in items:
+        missing = [n for n in names if n not in it.shapes]
+        if missing:
+            raise SourceError(
+                f"{src}: group '{it.name}' lacks array(s) {missing} that other groups have; "
+                "add them or move that group out of the file")
+        for n in names:
+            if it.dtypes[n] != items[0].dtypes[n] or len(it.shapes[n]) != len(items[0].shapes[n]):
+                raise SourceError(
+                    f"{src}: array '{it.name}/{n}' has dtype {it.dtypes[n]} and shape "
+                    f"{it.shapes[n]}, other groups have {items[0].dtypes[n]} with "
+                    f"{len(items[0].shapes[n])} dims; make them agree")
+    return names
+
+
+def _axis(ndim: int, time_axis: int) -> int | None:
+    return time_axis % ndim if ndim else None
+
+
+def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
+    """('div', k) when x == r // k in every item, ('mul', k) when x == r * k."""
+    if all(x > 0 for x in xs):
+        k = rs[0] // xs[0]
+        if k >= 1 and all(x == r // k for x, r in zip(xs, rs)):
+            return ("div", k)
+    if all(r > 0 for r in rs) and xs[0] % rs[0] == 0:
+        k = xs[0] // rs[0]
+        if k >= 1 and all(x == r * k for x, r in zip(xs, rs)):
+            return ("mul", k)
+    return None
+
+
+def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
+         time_axis: int = -1) -> SourcePlan:
+    """Scan ``src`` and decide the rate of every array; raise on contradictions."""
+    path = os.fspath(src)
+    items, skipped = scan(path)
+    names = _check_same_arrays(items, path)
+    rates = dict(rates or {})
+    for name in rates:
+        if name not in names:
+            raise SourceError(f"--rate {name}=...: {path} has no array named '{name}' "
+                              f"(arrays: {', '.join(names)})")
+        if rates[name] <= 0:
+            raise SourceError(f"--rate {name}={rates[name]}: a rate must be positive")
+    ndims = {n: len(items[0].shapes[n]) for n in names}
+    arrays: dict[str, ArrayInfo] = {}
+    for n in names:
+        if n in rates:
+            if ndims[n] == 0:
+                raise SourceError(f"--rate {n}=...: '{n}' is a scalar, it has no time axis")
+            arrays[n] = ArrayInfo(float(rates[n]), _axis(ndims[n], time_axis))
+    _check_rates(items, arrays, path)
+    for n in names:
+        if n in arrays or ndims[n] == 0 or not arrays:
+            continue
+        axis = _axis(ndims[n], time_axis)
+        xs = [it.shapes[n][axis] for it in items]
+        for ref, info in arrays.items():
+            if info.inferred:
+                continue
+            found = _implied_ratio(xs, [it.shapes[ref][info.time_axis] for it in items])
+            if found:
+                kind, k = found
+                rate = info.rate / k if kind == "div" else info.rate * k
+                arrays[n] = ArrayInfo(rate, axis, inferred=True)
+                break
+    for n in names:
+        arrays.setdefault(n, ArrayInfo(None, None))
+    if not any(a.rate for a in arrays.values()):
+        warnings.warn(f"{path}: no rates given, so every array is stored whole; pass "
+                      "rates (e.g. --rate wav=16000) to read time windows", stacklevel=2)
+    return SourcePlan(items, arrays, skipped)
+
+
+def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str) -> None:
+    rated = list(arrays.items())
+    for it in items:
+        for i, (a, ia) in enumerate(rated):
+            for b, ib in rated[i + 1:]:
+                da = it.shapes[a][ia.time_axis] / ia.rate
+                db = it.shapes[b][ib.time_axis] / ib.rate
+                slack = 1.0 / min(ia.rate, ib.rate) + 1e-9
+                if abs(da - db) > slack:
+                    raise SourceError(
+                        f"{src}: group '{it.name}': '{a}' lasts {da:.3f} s at {ia.rate:g}/s "
+                        f"but '{b}' lasts {db:.3f} s at {ib.rate:g}/s; check the rates or "
+                        "the time axis (--time-axis)")

@@ -73,17 +73,22 @@ class TieredCache:
         return value
 
     def get_many(self, keys: Sequence[str],
-                 fetch_many: Callable[[list[str]], list[bytes]], *,
-                 ram: bool = True) -> list[bytes]:
-        """Like :meth:`get` for many keys; the misses are fetched in one call."""
+                 fetch_many: Callable[[list[str]], list[bytes | None]], *,
+                 ram: bool = True) -> list[bytes | None]:
+        """Like :meth:`get` for many keys; the misses are fetched in one call.
+
+        ``fetch_many`` returns None for a key missing at the origin; that is
+        passed on and never cached.
+        """
         values: list[bytes | None] = [self.lookup(k, ram=ram) for k in keys]
         missing = [i for i, v in enumerate(values) if v is None]
         if missing:
             fetched = fetch_many([keys[i] for i in missing])
             for i, value in zip(missing, fetched):
                 values[i] = value
-                self.fill(keys[i], value, ram=ram)
-        return values  # type: ignore[return-value]
+                if value is not None:
+                    self.fill(keys[i], value, ram=ram)
+        return values
 
     def usage(self) -> dict[str, Any]:
         return {t.name: t.usage() for t in (self.ram, self.ssd) if t is not None}

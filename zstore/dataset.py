@@ -1,0 +1,131 @@
+"""``WindowDataset``: a map-style torch Dataset of random time windows.  Thin: no cache logic."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from zstore.config import CacheConfig, as_cache_config
+from zstore.errors import ConfigError
+from zstore.layout import Span, scale
+from zstore.reader import WindowReader
+from zstore.sampler import Window, usable_items, window_for
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """Item ``i`` is a random window of utterance ``i``, drawn from ``(seed, epoch, i)``.
+
+    Args:
+        url: the store (path or fsspec URL) written by ``zstore convert``.
+        fields: arrays to read (default: every time array).  Non-time arrays are
+            returned whole.
+        window_seconds: window duration; ``None`` returns whole items.
+        seed: the draw's seed.
+        short: items shorter than the window: ``"pad"`` (zero-pad; ``length``
+            says how much is real), ``"skip"`` (leave them out of ``len``) or
+            ``"error"`` (raise now, naming them).
+        cache: :class:`zstore.CacheConfig`; ``None`` uses the defaults and the
+            ``ZSTORE_*`` environment, ``False`` reads the origin directly.
+        storage_options: passed to fsspec (S3 endpoint, credentials, ...).
+        transform: applied to each item's dict.
+
+    ``ds[i]`` is a dict: one tensor per field (all cut at the same time span,
+    the start on the coarsest field's grid), ``"item"`` (name), ``"start"``
+    (seconds) and ``"length"`` (real frames of the coarsest field).  Call
+    :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
+    """
+
+    def __init__(self, url: str, *, fields: Sequence[str] | None = None,
+                 window_seconds: float | None = 10.0, seed: int = 0, short: str = "pad",
+                 cache: CacheConfig | bool | None = None,
+                 storage_options: dict[str, Any] | None = None,
+                 transform: Callable[[dict[str, Any]], Any] | None = None,
+                 origin_fs: Any = None):
+        self.url = str(url)
+        self.fields = list(fields) if fields is not None else None
+        self.window_seconds = window_seconds
+        self.seed = int(seed)
+        self.epoch = 0
+        self.short = short
+        self.transform = transform
+        self.reader = WindowReader(self.url, cache=as_cache_config(cache),
+                                   storage_options=storage_options, origin_fs=origin_fs)
+        self._setup()
+        if self.short_items and short != "error":
+            what = "padded with zeros" if short == "pad" else "left out"
+            warnings.warn(f"{self.url}: {len(self.short_items)} item(s) shorter than "
+                          f"{window_seconds} s are {what} (short={short!r})", stacklevel=2)
+
+    def _setup(self) -> None:
+        manifest = self.reader.open().manifest
+        names = self.fields if self.fields is not None else manifest.time_arrays
+        unknown = [n for n in names if n not in manifest.arrays]
+        if unknown or not names:
+            raise ConfigError(f"{self.url}: no array(s) {unknown or names} in the store; "
+                              f"arrays: {sorted(manifest.arrays)}")
+        timed = [n for n in names if manifest.arrays[n].rate is not None]
+        if self.window_seconds is not None and not timed:
+            raise ConfigError(f"{self.url}: fields {names} have no time axis, so windows "
+                              "cannot be cut; pass window_seconds=None or a time array")
+        self._rates = {n: float(manifest.arrays[n].rate) for n in timed}  # type: ignore
+        self._names = names
+        self._coarse = min(timed, key=lambda n: self._rates[n]) if timed else None
+        rate = self._rates[self._coarse] if self._coarse else 1.0
+        self._window = None if self.window_seconds is None or not timed else \
+            max(1, int(round(self.window_seconds * rate)))
+        self._lengths = manifest.lengths[self._coarse] if self._coarse else \
+            [0] * len(manifest.items)
+        self._items = manifest.items
+        self._index, short = usable_items(self._lengths, self._window, self.short, self._items)
+        self.short_items = [self._items[i] for i in short]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_lengths", "_items", "_index", "short_items"):
+            state.pop(key, None)  # rebuilt from the manifest in the new process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to another draw of windows (call it before each epoch)."""
+        self.epoch = int(epoch)
+
+    def window(self, i: int) -> Window:
+        """Where ``ds[i]`` lies: item index, start, real frames and padding (coarse grid)."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {i} out of range for {len(self)} items")
+        item = self._index[i]
+        return window_for(item, self._lengths[item], self._window, self.seed, self.epoch)
+
+    def _spans(self, w: Window) -> dict[str, Span | None]:
+        spans: dict[str, Span | None] = {}
+        coarse_rate = self._rates.get(self._coarse, 1.0) if self._coarse else 1.0
+        for name in self._names:
+            rate = self._rates.get(name)
+            if rate is None:
+                spans[name] = None
+                continue
+            start = scale(w.start, coarse_rate, rate)
+            stop = scale(w.start + w.take, coarse_rate, rate)
+            total = scale(w.take + w.pad, coarse_rate, rate)
+            spans[name] = Span(start, stop, total - (stop - start))
+        return spans
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        w = self.window(i)
+        arrays = self.reader.read(self._items[w.item], self._spans(w))
+        coarse_rate = self._rates[self._coarse] if self._coarse else 1.0
+        out: dict[str, Any] = {name: torch.from_numpy(arr) for name, arr in arrays.items()}
+        out["item"] = self._items[w.item]
+        out["start"] = w.start / coarse_rate
+        out["length"] = w.take
+        return self.transform(out) if self.transform is not None else out

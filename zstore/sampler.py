@@ -1,0 +1,68 @@
+"""Window starts drawn from (seed, epoch, index) alone, and the short-item policy.
+
+The draw uses splitmix64, a fixed integer hash, so a start depends on nothing but
+its three inputs: not on worker count, rank, call order, or the numpy version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zstore.errors import ConfigError, ShortItemError
+
+SHORT_POLICIES = ("pad", "skip", "error")
+_MASK = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def draw_start(seed: int, epoch: int, index: int, choices: int) -> int:
+    """A start in ``range(choices)`` from ``(seed, epoch, index)`` alone."""
+    if choices <= 1:
+        return 0
+    h = splitmix64(splitmix64(splitmix64(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
+    return h % choices
+
+
+@dataclass(frozen=True)
+class Window:
+    """Item ``item`` at ``[start, start + take)`` on the coarsest grid, then ``pad`` frames."""
+
+    item: int
+    start: int
+    take: int
+    pad: int
+
+
+def usable_items(lengths: list[int], window: int | None, short: str,
+                 names: list[str]) -> tuple[list[int], list[int]]:
+    """(indices of the items the dataset serves, indices of items shorter than the window)."""
+    if short not in SHORT_POLICIES:
+        raise ConfigError(f"short must be one of {SHORT_POLICIES}, got {short!r}")
+    if window is None:
+        return list(range(len(lengths))), []
+    short_items = [i for i, n in enumerate(lengths) if n < window]
+    if short == "error" and short_items:
+        shown = ", ".join(f"{names[i]} ({lengths[i]} < {window})" for i in short_items[:10])
+        more = f" and {len(short_items) - 10} more" if len(short_items) > 10 else ""
+        raise ShortItemError(f"{len(short_items)} item(s) are shorter than the window: "
+                             f"{shown}{more}; use short='pad' or short='skip', or a shorter "
+                             "window")
+    if short == "skip":
+        skipped = set(short_items)
+        return [i for i in range(len(lengths)) if i not in skipped], short_items
+    return list(range(len(lengths))), short_items
+
+
+def window_for(item: int, length: int, window: int | None, seed: int, epoch: int) -> Window:
+    """The window of ``item`` for this (seed, epoch)."""
+    if window is None:
+        return Window(item, 0, length, 0)
+    if length >= window:
+        return Window(item, draw_start(seed, epoch, item, length - window + 1), window, 0)
+    return Window(item, 0, length, window - length)

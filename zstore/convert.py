@@ -266,8 +266,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         warnings.warn(f"{src}: skipping {s}", stacklevel=2)
     job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
     workers = max(1, min(workers or os.cpu_count() or 1, len(source.items)))
-    if root is None:
-        return _report(source, dst, storage_options, t0, 0, total_src)
+    if root is None:  # finished earlier from the same source and options
+        if verify:
+            _verify(job, source, workers, progress)
+        report = _report(source, dst, storage_options, t0, 0, total_src)
+        report.verified = verify
+        return report
     done = _finished_items(root)
     todo = [it for it in source.items if it.name not in done]
     bar = _Progress(len(source.items), "convert", progress)
@@ -276,11 +280,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         _run(_write_item, job, todo, workers, bar)
     finally:
         bar.close()
-    manifest = _manifest(source, codec, chunk_seconds, fingerprint)
+    manifest = _manifest(source, codec, chunk_seconds, fingerprint,
+                         store_bytes(dst, storage_options))
     if verify:
         _verify(job, source, workers, progress)
     root.attrs.put({MANIFEST_ATTR: manifest.to_json()})
-    zarr.consolidate_metadata(zarr_store(dst, storage_options, read_only=False))
+    with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec" (yet)
+        warnings.simplefilter("ignore", category=UserWarning)
+        zarr.consolidate_metadata(zarr_store(dst, storage_options, read_only=False))
     report = _report(source, dst, storage_options, t0, len(todo), total_src)
     report.verified, report.store_id = verify, manifest.store_id
     return report
@@ -308,12 +315,13 @@ def _finished_items(root: zarr.Group) -> set[str]:
 
 
 def _manifest(source: SourcePlan, codec: str, chunk_seconds: float,
-              fingerprint: dict[str, Any]) -> Manifest:
+              fingerprint: dict[str, Any], nbytes: int) -> Manifest:
     lengths = {n: [source.length(it, n) for it in source.items]
                for n, a in source.arrays.items() if a.rate is not None}
     return Manifest(store_id=uuid.uuid4().hex, arrays=source.arrays,
                     items=[it.name for it in source.items], lengths=lengths, codec=codec,
-                    chunk_seconds=chunk_seconds, extra={"fingerprint": fingerprint})
+                    chunk_seconds=chunk_seconds,
+                    extra={"fingerprint": fingerprint, "store_bytes": nbytes})
 
 
 def _report(source: SourcePlan, dst: str, storage_options: dict[str, Any] | None,

@@ -133,7 +133,7 @@ class WindowReader:
                 else:
                     chunks[(layout.path, k)] = arr
         if need:
-            for (layout, k), arr in zip(need, self._load(need)):
+            for (layout, k), arr in zip(need, self._load_once(need)):
                 chunks[(layout.path, k)] = arr
         for name, layout, span in plan:
             out[name] = _assemble(layout, span, chunks)
@@ -238,6 +238,18 @@ class WindowReader:
             self.tiers.stats.add("origin_requests", len(requests))
             self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas if d is not None))
         return datas
+
+    def _load_once(self, need: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
+        """:meth:`_load` under node-wide locks, so each chunk is decoded into RAM once."""
+        tiers = self.tiers
+        if tiers is None or not tiers.decoded or tiers.decode_locks is None:
+            return self._load(need)
+        with tiers.decode_locks.hold(f"{layout.path}#d{k}" for layout, k in need):
+            found = [self._mapped(layout, k) for layout, k in need]
+            todo = [i for i, arr in enumerate(found) if arr is None]
+            for i, arr in zip(todo, self._load([need[i] for i in todo]) if todo else []):
+                found[i] = arr
+        return found  # type: ignore[return-value]
 
     def _load(self, need: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
         """Fetch, decode and cache the chunks in ``need``."""

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from zstore.cache.locks import StripedLocks
 from zstore.cache.stats import Stats, read_stats, summarize
 from zstore.cache.tier import Tier
 from zstore.config import CacheConfig, ResolvedCache
@@ -14,6 +15,11 @@ from zstore.config import CacheConfig, ResolvedCache
 def stats_dir(config: ResolvedCache) -> str | None:
     base = config.ram_dir or config.ssd_dir
     return os.path.join(base, "stats") if base else None
+
+
+def locks_dir(config: ResolvedCache) -> str | None:
+    base = config.ram_dir or config.ssd_dir
+    return os.path.join(base, "locks") if base else None
 
 
 class TieredCache:
@@ -33,6 +39,9 @@ class TieredCache:
             if config.ram_dir and config.ram_bytes else None
         self.ssd = Tier("ssd", config.ssd_dir, config.ssd_bytes, self.stats) \
             if config.ssd_dir and config.ssd_bytes else None
+        lock_dir = locks_dir(config)
+        self.fill_locks = StripedLocks(lock_dir, "e") if lock_dir else None
+        self.decode_locks = StripedLocks(lock_dir, "d") if lock_dir else None
 
     @property
     def decoded(self) -> bool:
@@ -66,11 +75,7 @@ class TieredCache:
 
     def get(self, key: str, fetch: Callable[[], bytes], *, ram: bool = True) -> bytes:
         """The value for ``key`` from the first tier that has it, else from ``fetch()``."""
-        value = self.lookup(key, ram=ram)
-        if value is None:
-            value = fetch()
-            self.fill(key, value, ram=ram)
-        return value
+        return self.get_many([key], lambda _: [fetch()], ram=ram)[0]  # type: ignore[return-value]
 
     def get_many(self, keys: Sequence[str],
                  fetch_many: Callable[[list[str]], list[bytes | None]], *,
@@ -82,6 +87,18 @@ class TieredCache:
         """
         values: list[bytes | None] = [self.lookup(k, ram=ram) for k in keys]
         missing = [i for i, v in enumerate(values) if v is None]
+        if not missing or self.fill_locks is None:
+            return self._fetch_into(keys, values, missing, fetch_many, ram)
+        with self.fill_locks.hold(keys[i] for i in missing):
+            # Another process may have filled them while this one waited.
+            for i in missing:
+                values[i] = self.lookup(keys[i], ram=ram)
+            missing = [i for i in missing if values[i] is None]
+            return self._fetch_into(keys, values, missing, fetch_many, ram)
+
+    def _fetch_into(self, keys: Sequence[str], values: list[bytes | None], missing: list[int],
+                    fetch_many: Callable[[list[str]], list[bytes | None]],
+                    ram: bool) -> list[bytes | None]:
         if missing:
             fetched = fetch_many([keys[i] for i in missing])
             for i, value in zip(missing, fetched):

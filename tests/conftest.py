@@ -1,0 +1,76 @@
+"""Shared fixtures: small real HDF5 files written by h5py, converted stores, cache dirs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import zstore
+from zstore.synthetic import SyntheticSpec, make_synthetic
+
+SMALL = SyntheticSpec(items=6, mics=2, speakers=2, min_seconds=3.0, max_seconds=12.0, seed=1)
+RATES = {"wav": 16000, "act": 100}
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def small_h5(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("h5") / "small.h5"
+    make_synthetic(path, SMALL)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def small_store(small_h5: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    dst = tmp_path_factory.mktemp("store") / "small.zarr"
+    zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False)
+    return str(dst)
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> zstore.CacheConfig:
+    return zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="256MB",
+                              ssd_dir=tmp_path / "ssd", ssd_bytes="256MB")
+
+
+@pytest.fixture(autouse=True)
+def _no_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Tests never touch the user's real cache directories.
+    for var in ("ZSTORE_RAM_BYTES", "ZSTORE_RAM_DIR", "ZSTORE_RAM_FORMAT", "ZSTORE_SSD_BYTES",
+                "ZSTORE_SSD_DIR", "ZSTORE_FETCH", "ZSTORE_MAX_REQUESTS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def write_h5(path: Path | str, items: dict[str, dict[str, np.ndarray]],
+             attrs: dict[str, dict[str, object]] | None = None) -> str:
+    """Write ``{group: {dataset: array}}`` to an HDF5 file."""
+    with h5py.File(path, "w") as f:
+        for group, arrays in items.items():
+            g = f.require_group(group)
+            for name, data in arrays.items():
+                g.create_dataset(name, data=data)
+            for k, v in (attrs or {}).get(group, {}).items():
+                g.attrs[k] = v
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+PYTHON = sys.executable

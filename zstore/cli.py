@@ -1,0 +1,185 @@
+"""The ``zstore`` command: convert | info | cache stats | cache clear | cache warm | demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from zstore.config import CacheConfig, format_size
+from zstore.errors import ZstoreError
+
+
+def _pairs(values: list[str] | None, what: str, convert: Any = str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for v in values or []:
+        name, sep, value = v.partition("=")
+        if not sep or not name:
+            raise ZstoreError(f"{what} {v!r}: write NAME=VALUE, e.g. {what} wav=16000")
+        try:
+            out[name] = convert(value)
+        except ValueError:
+            raise ZstoreError(f"{what} {v!r}: {value!r} is not a number") from None
+    return out
+
+
+def _option_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    opts = _pairs(args.storage_option, "--storage-option", _option_value)
+    if args.endpoint_url:
+        opts.setdefault("client_kwargs", {})["endpoint_url"] = args.endpoint_url
+    if args.anon:
+        opts["anon"] = True
+    return opts or None
+
+
+def _cache_config(args: argparse.Namespace) -> CacheConfig:
+    kwargs = {k: getattr(args, k) for k in ("ram_dir", "ram_bytes", "ssd_dir", "ssd_bytes")
+              if getattr(args, k, None) is not None}
+    return CacheConfig(**kwargs)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from zstore.convert import convert
+
+    report = convert(args.src, args.dst, rates=_pairs(args.rate, "--rate", float),
+                     time_axis=args.time_axis, chunk_seconds=args.chunk_seconds,
+                     codec=args.codec, workers=args.workers,
+                     storage_options=_storage_options(args), verify=args.verify,
+                     progress=not args.no_progress, overwrite=args.overwrite)
+    print(report)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from zstore.info import store_info
+
+    info = store_info(args.store, storage_options=_storage_options(args))
+    print(json.dumps(info, indent=2) if args.json else info["text"])
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from zstore.cache import cache_stats, clear_cache
+
+    config = _cache_config(args)
+    if args.cache_command == "clear":
+        clear_cache(config)
+        print("cache cleared")
+        return 0
+    if args.cache_command == "warm":
+        from zstore.warm import warm
+
+        done = warm(args.store, fields=args.fields, cache=config,
+                    storage_options=_storage_options(args), workers=args.workers,
+                    progress=not args.no_progress)
+        print(f"warmed {done['items']} items, {format_size(done['bytes'])} decoded")
+        return 0
+    stats = cache_stats(config)
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    for tier in ("ram", "ssd"):
+        t = stats[tier]
+        where = stats["config"][f"{tier}_dir"] or "disabled"
+        print(f"{tier}: {where}  hits {t['hits']}  misses {t['misses']}  hit rate "
+              f"{t['hit_rate']:.1%}  evictions {t['evictions']}  "
+              f"{format_size(t.get('bytes_on_disk', 0))} of {format_size(t.get('budget', 0))}")
+    o = stats["origin"]
+    print(f"origin: {o['requests']} requests, {format_size(o['bytes'])}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from zstore.demo import run_demo
+
+    run_demo(args.dir, items=args.items, epochs=args.epochs, workers=args.workers)
+    return 0
+
+
+def _remote_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option (value parsed as JSON when it can be)")
+    p.add_argument("--endpoint-url", help="S3 endpoint (e.g. a MinIO or test server)")
+    p.add_argument("--anon", action="store_true", help="anonymous S3 access")
+
+
+def _cache_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ram-dir", help="RAM tier directory (default $ZSTORE_RAM_DIR or /dev/shm/zstore)")
+    p.add_argument("--ram-bytes", help="RAM tier budget, e.g. 64GB")
+    p.add_argument("--ssd-dir", help="SSD tier directory (default ~/.cache/zstore)")
+    p.add_argument("--ssd-bytes", help="SSD tier budget, e.g. 500GB")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zstore", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("convert", help="rechunk HDF5 groups into a zstore (Zarr v3) store")
+    p.add_argument("src", help="HDF5 file")
+    p.add_argument("dst", help="destination path or fsspec URL (s3://bucket/x.zarr)")
+    p.add_argument("--rate", action="append", metavar="NAME=HZ",
+                   help="samples per second of an array, e.g. --rate wav=16000 (repeat)")
+    p.add_argument("--time-axis", type=int, default=-1, help="time axis (default: last)")
+    p.add_argument("--chunk-seconds", type=float, default=1.0, help="chunk duration (1.0)")
+    p.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "none"])
+    p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
+    p.add_argument("--verify", action="store_true", help="re-read and compare every array")
+    p.add_argument("--overwrite", action="store_true", help="replace what DST holds")
+    p.add_argument("--no-progress", action="store_true")
+    _remote_options(p)
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("info", help="summarize a store's manifest")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true")
+    _remote_options(p)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("cache", help="inspect, clear or warm the node's cache tiers")
+    csub = p.add_subparsers(dest="cache_command", required=True)
+    s = csub.add_parser("stats", help="hits, misses, evictions, bytes per tier (all processes)")
+    s.add_argument("--json", action="store_true")
+    _cache_options(s)
+    s = csub.add_parser("clear", help="empty the tiers")
+    _cache_options(s)
+    s = csub.add_parser("warm", help="fill the tiers from the origin before training")
+    s.add_argument("store")
+    s.add_argument("--fields", nargs="+", help="arrays to warm (default: all time arrays)")
+    s.add_argument("--workers", type=int, default=4, help="parallel readers (4)")
+    s.add_argument("--no-progress", action="store_true")
+    _cache_options(s)
+    _remote_options(s)
+    p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("demo", help="generate, convert and read a small data set")
+    p.add_argument("--dir", default="zstore-demo", help="working directory (./zstore-demo)")
+    p.add_argument("--items", type=int, default=16)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ZstoreError as e:
+        print(f"zstore: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("zstore: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""``zstore info``: a store's manifest in a few lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zstore.config import format_size
+from zstore.layout import MANIFEST_ATTR, Manifest, parse_array_meta
+from zstore.store import read_root_metadata
+
+
+def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Items, arrays (rate, shape, chunking), total duration, bytes and codec of a store."""
+    meta = read_root_metadata(url, storage_options)
+    manifest = Manifest.from_json(meta.get("attributes", {}).get(MANIFEST_ATTR), url)
+    metas = (meta.get("consolidated_metadata") or {}).get("metadata", {})
+    first = manifest.items[0] if manifest.items else None
+    arrays = {}
+    for name, a in manifest.arrays.items():
+        entry: dict[str, Any] = {"rate": a.rate, "time_axis": a.time_axis,
+                                 "inferred": a.inferred}
+        array_meta = metas.get(f"{first}/{name}")
+        if array_meta:
+            layout = parse_array_meta(name, array_meta, a.time_axis)
+            entry.update(shape_of_first_item=list(layout.shape), dtype=str(layout.dtype),
+                         chunk=list(layout.chunk_shape), shard_length=layout.shard,
+                         codecs=[c["name"] for c in layout.codecs])
+        if a.rate:
+            lengths = manifest.lengths[name]
+            entry["seconds_total"] = round(sum(lengths) / a.rate, 3)
+            entry["seconds_min_max"] = [round(min(lengths) / a.rate, 3),
+                                        round(max(lengths) / a.rate, 3)] if lengths else []
+        arrays[name] = entry
+    nbytes = int(manifest.extra.get("store_bytes", 0))
+    info = {"store": url, "store_id": manifest.store_id, "items": len(manifest.items),
+            "codec": manifest.codec, "chunk_seconds": manifest.chunk_seconds,
+            "store_bytes": nbytes, "arrays": arrays}
+    timed = [a for a in arrays.values() if a.get("rate")]
+    seconds = max((a["seconds_total"] for a in timed), default=0.0)
+    lines = [f"{url}  (store id {manifest.store_id})",
+             f"items: {len(manifest.items)}, total {seconds / 3600:.2f} h, "
+             f"{format_size(nbytes)}, codec {manifest.codec} + crc32c, "
+             f"chunks of {manifest.chunk_seconds:g} s"]
+    for name, a in arrays.items():
+        rate = f"{a['rate']:g}/s" + (" (inferred)" if a["inferred"] else "") if a["rate"] \
+            else "no time axis"
+        shape = a.get("shape_of_first_item")
+        lines.append(f"  {name}: {rate}, {a.get('dtype', '?')}, first item {shape}, "
+                     f"chunk {a.get('chunk')}, shard {a.get('shard_length')} along time")
+    info["text"] = "\n".join(lines)
+    return info

@@ -139,7 +139,7 @@ class WindowReader:
             out[name] = _assemble(layout, span, chunks)
         return out
 
-    def _mapped(self, layout: ArrayLayout, k: int) -> np.ndarray | None:
+    def _mapped(self, layout: ArrayLayout, k: int, again: bool = False) -> np.ndarray | None:
         key = f"{layout.path}#d{k}"
         entry = self._maps.get(key)
         tiers = self.tiers
@@ -151,7 +151,7 @@ class WindowReader:
             return entry[0]
         if tiers is None or not tiers.decoded:
             return None
-        got = tiers.ram.get_mapped(tiers.key(key))  # type: ignore[union-attr]
+        got = tiers.ram.get_mapped(tiers.key(key), count_miss=not again)  # type: ignore
         if got is None:
             return None
         payload, path, ino = got
@@ -245,7 +245,7 @@ class WindowReader:
         if tiers is None or not tiers.decoded or tiers.decode_locks is None:
             return self._load(need)
         with tiers.decode_locks.hold(f"{layout.path}#d{k}" for layout, k in need):
-            found = [self._mapped(layout, k) for layout, k in need]
+            found = [self._mapped(layout, k, again=True) for layout, k in need]
             todo = [i for i, arr in enumerate(found) if arr is None]
             for i, arr in zip(todo, self._load([need[i] for i in todo]) if todo else []):
                 found[i] = arr

@@ -37,7 +37,7 @@ def range_suffix(byte_range: ByteRequest | None) -> str:
         return f"#o{byte_range.offset}"
     if isinstance(byte_range, SuffixByteRequest):
         return f"#s{byte_range.suffix}"
-    raise TypeError(f"unexpected byte range {byte_range!r}")
+    raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
 
 
 def read_root_metadata(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -146,6 +146,9 @@ class CachedStore(Store):
         raise ValueError(_READ_ONLY)
 
     async def delete(self, key: str) -> None:
+        raise ValueError(_READ_ONLY)
+
+    async def clear(self) -> None:
         raise ValueError(_READ_ONLY)
 
     def list(self) -> AsyncIterator[str]:

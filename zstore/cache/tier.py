@@ -176,7 +176,7 @@ class Tier:
                     pass
         return removed
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, *, count_miss: bool = True) -> bytes | None:
         """The payload for ``key``, or None (missing, failed its check, or tier down)."""
         cache = self._open()
         if cache is None:
@@ -184,7 +184,8 @@ class Tier:
         try:
             handle = cache.get(key, default=None, read=True)
             if handle is None:
-                self.stats.add(f"{self.name}_misses")
+                if count_miss:
+                    self.stats.add(f"{self.name}_misses")
                 return None
             with handle:
                 value = handle.read()
@@ -198,7 +199,8 @@ class Tier:
         self.stats.add(f"{self.name}_hit_bytes", len(payload))
         return bytes(payload)
 
-    def get_mapped(self, key: str) -> tuple[memoryview, str, int] | None:
+    def get_mapped(self, key: str, *, count_miss: bool = True
+                   ) -> tuple[memoryview, str, int] | None:
         """Map ``key``'s value: (payload view, file path, inode), or None."""
         cache = self._open()
         if cache is None:
@@ -206,7 +208,8 @@ class Tier:
         try:
             handle = cache.get(key, default=None, read=True)
             if handle is None:
-                self.stats.add(f"{self.name}_misses")
+                if count_miss:
+                    self.stats.add(f"{self.name}_misses")
                 return None
             with handle:
                 size = os.fstat(handle.fileno()).st_size

@@ -51,15 +51,15 @@ class TieredCache:
     def key(self, key: str) -> str:
         return f"{self.namespace}/{key}"
 
-    def lookup(self, key: str, *, ram: bool = True) -> bytes | None:
-        """The value from the tiers only, or None."""
+    def lookup(self, key: str, *, ram: bool = True, again: bool = False) -> bytes | None:
+        """The value from the tiers only, or None (``again``: a recheck, misses not counted)."""
         k = self.key(key)
         if ram and self.ram is not None:
-            value = self.ram.get(k)
+            value = self.ram.get(k, count_miss=not again)
             if value is not None:
                 return value
         if self.ssd is not None:
-            value = self.ssd.get(k)
+            value = self.ssd.get(k, count_miss=not again)
             if value is not None:
                 if ram and self.ram is not None:
                     self.ram.put(k, value)
@@ -92,7 +92,7 @@ class TieredCache:
         with self.fill_locks.hold(keys[i] for i in missing):
             # Another process may have filled them while this one waited.
             for i in missing:
-                values[i] = self.lookup(keys[i], ram=ram)
+                values[i] = self.lookup(keys[i], ram=ram, again=True)
             missing = [i for i in missing if values[i] is None]
             return self._fetch_into(keys, values, missing, fetch_many, ram)
 

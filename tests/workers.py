@@ -1,0 +1,71 @@
+"""Functions run in spawned processes by the multi-process tests (importable by name)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import numpy as np
+
+
+def fill_same_key(tier_dir: str, budget: int, barrier, rounds: int, queue) -> None:
+    """Write and read one key many times; report any value that is not exactly right."""
+    from zstore.cache.stats import Stats
+    from zstore.cache.tier import Tier
+
+    tier = Tier("ram", tier_dir, budget, Stats(None))
+    value = bytes(np.arange(200_000, dtype=np.uint8) * 7 % 251)
+    barrier.wait()
+    bad = 0
+    for _ in range(rounds):
+        tier.put("shared", value)
+        got = tier.get("shared")
+        if got is not None and got != value:
+            bad += 1
+    queue.put(bad)
+
+
+def write_then_hang(tier_dir: str, ready_file: str) -> None:
+    """Start a put, write half the value file, tell the parent, then wait to be killed."""
+    from zstore.cache import tier as tier_module
+    from zstore.cache.stats import Stats
+
+    original = tier_module._Disk._write
+
+    def half_write(self, full_path, iterator, mode, encoding=None):
+        data = b"".join(iterator)
+        os.makedirs(os.path.dirname(full_path), exist_ok=True)
+        with open(full_path, mode) as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+        with open(ready_file, "w") as f:
+            f.write(full_path)
+        signal.pause()  # the parent SIGKILLs us here, mid-write
+        return original(self, full_path, iter([data]), mode, encoding)
+
+    tier_module._Disk._write = half_write
+    t = tier_module.Tier("ram", tier_dir, 64 * 2**20, Stats(None))
+    t.put("victim", b"v" * 1_000_000)
+    sys.exit(3)  # never reached
+
+
+def read_windows(url: str, cache, barrier, items: list[int], epochs: int, queue) -> None:
+    """A 'rank': read the given windows through the shared cache; report checksums and pid."""
+    import zstore
+
+    ds = zstore.WindowDataset(url, cache=cache, window_seconds=2.0, seed=5)
+    barrier.wait()
+    out = {}
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        for i in items:
+            x = ds[i]
+            out[(epoch, i)] = (x["item"], x["length"], x["wav"].numpy().tobytes(),
+                               x["act"].numpy().tobytes())
+    queue.put((os.getpid(), out))
+
+
+def read_after_fork_worker(url: str, cache) -> list:
+    """Used with DataLoader: iterate a dataset created (and read) in the parent."""
+    return []

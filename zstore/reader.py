@@ -36,7 +36,7 @@ class WindowReader:
 
     def __init__(self, url: str, *, cache: CacheConfig | None = None,
                  storage_options: dict[str, Any] | None = None, origin_fs: Any = None):
-        self.url = str(url)
+        self.url = str(url) if is_url(str(url)) else os.path.abspath(str(url))
         self.cache = cache
         self.storage_options = dict(storage_options or {})
         self.origin_fs = origin_fs
@@ -90,6 +90,7 @@ class WindowReader:
 
     def layout(self, item: str, name: str) -> ArrayLayout:
         """The geometry of ``item/name`` (from the consolidated metadata)."""
+        self.open()
         found = self._layouts.get((item, name))
         if found is None:
             path = f"{item}/{name}"
@@ -188,7 +189,8 @@ class WindowReader:
         if todo:
             keys = [ckey for _, ckey in todo.values()]
             requests = [(obj, -layout.index_bytes, None) for obj, (layout, _) in todo.items()]
-            values = self._fetch_many(keys, requests, ram=True)
+            values = self._fetch_many(keys, requests, ram=True,
+                                      layouts={obj: lay for obj, (lay, _) in todo.items()})
             for (obj, (layout, ckey)), data in zip(todo.items(), values):
                 if data is None:
                     index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
@@ -200,7 +202,8 @@ class WindowReader:
         return found
 
     def _fetch_many(self, keys: list[str], requests: list[tuple[str, int | None, int | None]],
-                    *, ram: bool) -> list[bytes | None]:
+                    *, ram: bool, layouts: dict[str, ArrayLayout] | None = None
+                    ) -> list[bytes | None]:
         """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
 
         None stands for an object missing at the origin (a chunk never written).
@@ -208,20 +211,37 @@ class WindowReader:
         by_key = dict(zip(keys, requests))
 
         def fetch(miss: list[str]) -> list[bytes | None]:
-            return self._from_origin([by_key[k] for k in miss])
+            return self._from_origin([by_key[k] for k in miss], layouts or {})
 
         if self.tiers is None:
             return fetch(keys)
         return self.tiers.get_many(keys, fetch, ram=ram)
 
-    def _from_origin(self, requests: list[tuple[str, int | None, int | None]]
-                     ) -> list[bytes | None]:
+    def _from_origin(self, requests: list[tuple[str, int | None, int | None]],
+                     layouts: dict[str, ArrayLayout]) -> list[bytes | None]:
         if self.fetch != "shard":
             return self._read_ranges(requests)
         objects = sorted({r[0] for r in requests})
         whole = dict(zip(objects, self._read_ranges([(o, None, None) for o in objects])))
+        for obj, data in whole.items():
+            if data is not None and obj in layouts:
+                self._fill_shard(obj, layouts[obj], data, requests)
         return [None if whole[obj] is None else _slice(whole[obj], start, stop)
                 for obj, start, stop in requests]
+
+    def _fill_shard(self, obj: str, layout: ArrayLayout, data: bytes,
+                    requested: list[tuple[str, int | None, int | None]]) -> None:
+        """Put every chunk of a whole shard into the SSD tier (``fetch="shard"``)."""
+        if self.tiers is None or len(data) < layout.index_bytes:
+            return
+        index = decode_index(layout, data[-layout.index_bytes:], f"{self.url}: {obj}")
+        skip = {(r[1], r[2]) for r in requested if r[0] == obj}
+        ram = not self.tiers.decoded
+        for offset, nbytes in index:
+            if offset == EMPTY or (int(offset), int(offset + nbytes)) in skip:
+                continue
+            start, stop = int(offset), int(offset + nbytes)
+            self.tiers.fill(f"{obj}#r{start}-{stop}", data[start:stop], ram=ram)
 
     def _read_ranges(self, requests: list[tuple[str, int | None, int | None]]
                      ) -> list[bytes | None]:
@@ -253,11 +273,17 @@ class WindowReader:
 
     def _load(self, need: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
         """Fetch, decode and cache the chunks in ``need``."""
-        indexes = self._index([(layout, k // layout.chunks_per_shard) for layout, k in need])
+        indexes = self._index([(layout, k // layout.chunks_per_shard)
+                               for layout, k in need if layout.sharded])
         keys, requests, slots = [], [], []
         result: list[np.ndarray | None] = [None] * len(need)
         for i, (layout, k) in enumerate(need):
             obj = layout.object_key(k // layout.chunks_per_shard)
+            if not layout.sharded:  # one object per chunk
+                keys.append(obj)
+                requests.append((obj, None, None))
+                slots.append(i)
+                continue
             offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
             if offset == EMPTY:
                 result[i] = fill_chunk(layout)
@@ -267,14 +293,20 @@ class WindowReader:
             requests.append((obj, start, stop))
             slots.append(i)
         encoded_in_ram = self.tiers is not None and not self.tiers.decoded
-        values = self._fetch_many(keys, requests, ram=encoded_in_ram) if keys else []
+        layouts = {layout.object_key(k // layout.chunks_per_shard): layout
+                   for layout, k in need if layout.sharded}
+        values = self._fetch_many(keys, requests, ram=encoded_in_ram,
+                                  layouts=layouts) if keys else []
         for i, key, request, data in zip(slots, keys, requests, values):
             layout, k = need[i]
             where = f"{self.url}: {describe(*request)}"
-            try:
-                arr = decode_chunk(layout, data if data is not None else b"", where)
-            except IntegrityError:
-                arr = decode_chunk(layout, self.origin.read(*request), where)  # refetch once
+            if data is None:  # an unsharded chunk the store never wrote
+                arr = fill_chunk(layout)
+            else:
+                try:
+                    arr = decode_chunk(layout, data, where)
+                except IntegrityError:  # refetch once from the origin, past the tiers
+                    arr = decode_chunk(layout, self.origin.read(*request), where)
             if self.tiers is not None and self.tiers.decoded:
                 self.tiers.ram.put(self.tiers.key(f"{layout.path}#d{k}"), arr)  # type: ignore
             result[i] = arr

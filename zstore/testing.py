@@ -34,6 +34,8 @@ class ModelledFileSystem(AbstractFileSystem):
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._failures: list[Callable[[], BaseException] | str] = []
 
     def __reduce__(self) -> Any:
@@ -51,7 +53,7 @@ class ModelledFileSystem(AbstractFileSystem):
 
     def reset_counts(self) -> None:
         with self._lock:
-            self.requests = self.bytes = 0
+            self.requests = self.bytes = self.max_in_flight = 0
 
     def _local(self, path: str) -> str:
         path = self._strip_protocol(path)
@@ -68,13 +70,19 @@ class ModelledFileSystem(AbstractFileSystem):
         with self._lock:
             injected = self._failures.pop(0) if self._failures else None
             self.requests += 1
-        with open(self._local(path), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            start = 0 if start is None else (max(0, size + start) if start < 0 else start)
-            end = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
-            f.seek(start)
-            data = f.read(max(0, end - start))
-        time.sleep(self.latency + (len(data) / self.bandwidth if self.bandwidth else 0.0))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            with open(self._local(path), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                start = 0 if start is None else (max(0, size + start) if start < 0 else start)
+                end = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+                f.seek(start)
+                data = f.read(max(0, end - start))
+            time.sleep(self.latency + (len(data) / self.bandwidth if self.bandwidth else 0.0))
+        finally:
+            with self._lock:
+                self.in_flight -= 1
         if injected == "truncate":
             data = data[: len(data) // 2]
         elif injected is not None:

@@ -1,0 +1,157 @@
+"""The window reader against zarr's own indexing: every layout, cache mode and edge."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+import zstore
+from zstore.layout import MANIFEST_ATTR, Span
+from zstore.reader import WindowReader
+from zstore.testing import ModelledFileSystem
+
+from conftest import write_h5
+
+MODES = {
+    "no-cache": False,
+    "decoded-ram": dict(ram_format="decoded"),
+    "encoded-ram": dict(ram_format="encoded"),
+    "ssd-only": dict(ram_bytes=0, fetch="range"),
+    "shard-fetch": dict(fetch="shard"),
+}
+
+
+def config(tmp_path, mode):
+    if MODES[mode] is False:
+        return None
+    base = dict(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
+                ssd_bytes="64MB")
+    return zstore.CacheConfig(**{**base, **MODES[mode]})
+
+
+def random_spans(root, item, rng, n=6):
+    length = root[f"{item}/act"].shape[-1]
+    spans = [(0, 1), (0, length), (max(0, length - 7), length), (99, 101), (100, 200)]
+    for _ in range(n):
+        a = int(rng.integers(0, length))
+        spans.append((a, int(rng.integers(a, length + 1))))
+    return [(a, b) for a, b in spans if b <= length]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_reader_equals_zarr(small_store, tmp_path, mode):
+    root = zarr.open_group(small_store, mode="r")
+    items = list(root.group_keys())
+    reader = WindowReader(small_store, cache=config(tmp_path, mode))
+    rng = np.random.default_rng(0)
+    for repeat in range(2):  # cold, then through whatever the tiers hold
+        for item in items:
+            for a, b in random_spans(root, item, rng):
+                got = reader.read(item, {"act": Span(a, b), "wav": Span(a * 160, b * 160)})
+                np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, a:b])
+                np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, a * 160:b * 160])
+    wav = root[f"{items[0]}/wav"]
+    tail = reader.read(items[0], {"wav": Span(wav.shape[1] - 5, wav.shape[1], pad=3)})["wav"]
+    np.testing.assert_array_equal(tail[:, :5], wav[:, -5:])
+    assert not tail[:, 5:].any()
+
+
+def test_whole_arrays_and_static_arrays(tmp_path):
+    rng = np.random.default_rng(1)
+    items = {f"u{i}": {"wav": rng.standard_normal((2, n)).astype(np.float32),
+                       "act": np.zeros((1, n // 160), np.float32),  # all-zero: empty chunks
+                       "emb": rng.standard_normal(8).astype(np.float32)}
+             for i, n in enumerate([16000 * 3 + 17, 800])}
+    src = write_h5(tmp_path / "s.h5", items)
+    zstore.convert(src, tmp_path / "s.zarr", rates={"wav": 16000}, workers=1, progress=False)
+    reader = WindowReader(str(tmp_path / "s.zarr"), cache=config(tmp_path, "decoded-ram"))
+    for name, arrays in items.items():
+        got = reader.read(name, {"wav": None, "act": Span(0, arrays["act"].shape[1]),
+                                 "emb": None})
+        for k in arrays:
+            np.testing.assert_array_equal(got[k], arrays[k])
+
+
+def _rewrite(store, path, data, **kw):
+    """Replace an array with another layout, keep the manifest, re-consolidate."""
+    root = zarr.open_group(store, mode="r+")
+    attrs = dict(root[path].attrs)
+    del root[path]
+    arr = root.create_array(path, shape=data.shape, dtype=data.dtype, **kw)
+    arr[...] = data
+    arr.attrs.update(attrs)
+    zarr.consolidate_metadata(store)
+
+
+@pytest.mark.parametrize("layout", [
+    dict(chunks=(2, 16000)),  # unsharded, fast path
+    dict(chunks=(1, 4000)),  # non-time axis chunked: zarr fallback
+    dict(chunks=(2, 8000), shards=(2, 32000), compressors=[zarr.codecs.GzipCodec()]),  # fallback
+])
+def test_other_layouts(small_store, tmp_path, layout):
+    import shutil
+
+    store = str(tmp_path / "copy.zarr")
+    shutil.copytree(small_store, store)
+    original = zarr.open_group(small_store, mode="r")["utt000001/wav"][...]
+    _rewrite(store, "utt000001/wav", original, **layout)
+    assert MANIFEST_ATTR in dict(zarr.open_group(store, mode="r").attrs)
+    reader = WindowReader(store, cache=config(tmp_path, "decoded-ram"))
+    fast = reader.layout("utt000001", "wav").fast
+    assert fast == ("compressors" not in layout and layout["chunks"][0] == 2)
+    for a, b in [(0, 5), (15990, 32010), (original.shape[1] - 100, original.shape[1])]:
+        for _ in range(2):
+            got = reader.read("utt000001", {"wav": Span(a, b)})["wav"]
+            np.testing.assert_array_equal(got, original[:, a:b])
+
+
+def test_window_is_one_batch_of_origin_requests(small_store, tmp_path):
+    fs = ModelledFileSystem(latency=0.05)  # S3-like: requests must overlap, not queue
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
+                             ssd_bytes="64MB", fetch="range")
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs)
+    reader.open()
+    fs.reset_counts()
+    a = 150
+    reader.read("utt000002", {"act": Span(a, a + 200), "wav": Span(a * 160, (a + 200) * 160)})
+    # 2 shard indexes together, then the 3 one-second chunks of each array together
+    first = fs.requests
+    assert first == 2 + 3 + 3
+    assert fs.max_in_flight >= 3
+    reader.read("utt000002", {"act": Span(a, a + 200), "wav": Span(a * 160, (a + 200) * 160)})
+    assert fs.requests == first  # all from the tiers now
+
+
+def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
+    fs = ModelledFileSystem()
+    reader = WindowReader(small_store, cache=config(tmp_path, "ssd-only"), origin_fs=fs)
+    reader.open()
+    fs.reset_counts()
+    layout = reader.layout("utt000003", "wav")
+    index = reader._index([(layout, 0)])[layout.object_key(0)]
+    needed = int(sum(index[k][1] for k in range(2, 4)))  # 2 s window on the chunk grid
+    fs.reset_counts()
+    reader.read("utt000003", {"wav": Span(32000, 64000)})
+    assert fs.bytes == needed
+
+
+@pytest.mark.parametrize("fetch", ["range", "shard"])
+def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch):
+    fs = ModelledFileSystem()
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
+                             ssd_bytes="64MB", fetch=fetch)
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs)
+    plain = zarr.open_group(small_store, mode="r")["utt000004/wav"]
+    reader.open()
+    fs.reset_counts()
+    first = reader.read("utt000004", {"wav": Span(0, 16000 * 2)})["wav"]
+    second = reader.read("utt000004", {"wav": Span(16000 * 2, plain.shape[1])})["wav"]
+    np.testing.assert_array_equal(np.concatenate([first, second], axis=1), plain[...])
+    n_chunks = -(-plain.shape[1] // 16000)
+    if fetch == "shard":
+        assert fs.requests == 1  # the whole shard once; every chunk then from the tiers
+        assert fs.bytes == (reader.origin.url and __import__("os").path.getsize(
+            f"{small_store}/utt000004/wav/c/0/0"))
+    else:
+        assert fs.requests == 1 + n_chunks  # the index, then each chunk's byte range

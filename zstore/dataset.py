@@ -111,7 +111,7 @@ class WindowDataset(torch.utils.data.Dataset):
         coarse_rate = self._rates.get(self._coarse, 1.0) if self._coarse else 1.0
         for name in self._names:
             rate = self._rates.get(name)
-            if rate is None:
+            if rate is None or self._window is None:  # whole arrays
                 spans[name] = None
                 continue
             start = scale(w.start, coarse_rate, rate)

@@ -123,6 +123,8 @@ class WindowReader:
         chunks: dict[tuple[str, int], np.ndarray] = {}
         for name, span in spans.items():
             layout = self.layout(item, name)
+            if span is None and layout.fast:
+                span = Span(0, layout.length)
             if span is None or not layout.fast or layout.length == 0:
                 out[name] = self._read_with_zarr(layout, span)
                 continue

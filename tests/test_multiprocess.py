@@ -1,0 +1,62 @@
+"""Several processes ('ranks') share one node cache: right data, one origin read per chunk."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+import zarr
+
+import zstore
+
+import workers
+
+
+def run_ranks(url, cache, n, items, epochs=2):
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = []
+    for rank in range(n):
+        order = items[rank * len(items) // n:] + items[:rank * len(items) // n]
+        procs.append(ctx.Process(target=workers.read_windows,
+                                 args=(url, cache, barrier, order, epochs, queue)))
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=600)
+        assert p.exitcode == 0
+    return results
+
+
+def test_four_processes_share_one_cache(small_store, tmp_path):
+    root = zarr.open_group(small_store, mode="r")
+    # RAM smaller than the decoded data (it must evict), SSD larger than the store.
+    shared = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="2MB",
+                                ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
+    reference = zstore.CacheConfig(ram_dir=tmp_path / "ref-ram", ram_bytes="2MB",
+                                   ssd_dir=tmp_path / "ref-ssd", ssd_bytes="64MB")
+    items = list(range(6))
+    results = run_ranks(small_store, shared, 4, items)
+    [(_, ref)] = run_ranks(small_store, reference, 1, items)
+    assert len({pid for pid, _ in results}) == 4
+    for _, out in results:
+        assert out.keys() == ref.keys()
+        for key, (item, length, wav, act) in out.items():
+            assert (item, length, wav, act) == ref[key]
+    # and the reference equals the origin read with zarr directly
+    ds = zstore.WindowDataset(small_store, cache=False, window_seconds=2.0, seed=5)
+    for (epoch, i), (item, length, wav, act) in ref.items():
+        ds.set_epoch(epoch)
+        w = ds.window(i)
+        expected = root[item]["wav"][:, w.start * 160:(w.start + w.take) * 160]
+        got = np.frombuffer(wav, dtype=np.float32).reshape(2, -1)[:, :expected.shape[1]]
+        np.testing.assert_array_equal(got, expected)
+    stats, ref_stats = zstore.cache_stats(shared), zstore.cache_stats(reference)
+    # Each chunk and shard index came from the origin once for the whole node, exactly
+    # as many requests as one process alone makes -- not four times as many.
+    assert stats["origin"]["requests"] == ref_stats["origin"]["requests"] > 0
+    assert stats["origin"]["bytes"] == ref_stats["origin"]["bytes"]
+    assert stats["ram"]["bytes_on_disk"] <= 2_000_000 and stats["ram"]["evictions"] > 0
+    assert stats["ssd"]["bytes_on_disk"] <= 64_000_000
+    assert stats["ram"]["hits"] + stats["ssd"]["hits"] > 0

@@ -109,7 +109,7 @@ def test_other_layouts(small_store, tmp_path, layout):
 def test_window_is_one_batch_of_origin_requests(small_store, tmp_path):
     fs = ModelledFileSystem(latency=0.05)  # S3-like: requests must overlap, not queue
     cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
-                             ssd_bytes="64MB", fetch="range")
+                             ssd_bytes="64MB", fetch="range", ram_format="encoded")
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs)
     reader.open()
     fs.reset_counts()
@@ -129,7 +129,7 @@ def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
     reader.open()
     fs.reset_counts()
     layout = reader.layout("utt000003", "wav")
-    index = reader._index([(layout, 0)])[layout.object_key(0)]
+    index = reader.source.index([(layout, 0)])[layout.object_key(0)]
     needed = int(sum(index[k][1] for k in range(2, 4)))  # 2 s window on the chunk grid
     fs.reset_counts()
     reader.read("utt000003", {"wav": Span(32000, 64000)})
@@ -155,3 +155,30 @@ def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch):
             f"{small_store}/utt000004/wav/c/0/0"))
     else:
         assert fs.requests == 1 + n_chunks  # the index, then each chunk's byte range
+
+
+def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path):
+    fs = ModelledFileSystem(latency=0.01)
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
+                             ssd_bytes="64MB", fetch="range")
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    root = zarr.open_group(small_store, mode="r")
+    wav, act = root["utt000005/wav"], root["utt000005/act"]
+    fs.reset_counts()
+    got = reader.read("utt000005", {"wav": Span(16000, 48000), "act": Span(100, 300)})
+    chunks = -(-wav.shape[1] // 16000) + -(-act.shape[1] // 100)
+    assert fs.requests == 2 + chunks  # both indexes, then every chunk of both shards
+    assert fs.max_in_flight >= 3
+    np.testing.assert_array_equal(got["wav"], wav[:, 16000:48000])
+    other = WindowReader(small_store, cache=cfg, origin_fs=fs).open()  # as another process
+    fs.reset_counts()
+    fills = zstore.cache_stats(cfg)["ram"]["fills"]
+    for a in (0, 57, act.shape[1] - 101):
+        got = other.read("utt000005", {"wav": Span(a * 160, (a + 100) * 160),
+                                       "act": Span(a, a + 100)})
+        np.testing.assert_array_equal(got["wav"], wav[:, a * 160:(a + 100) * 160])
+        np.testing.assert_array_equal(got["act"], act[:, a:a + 100])
+    assert fs.requests == 0
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["fills"] == fills  # served from the shards the first reader built
+    assert stats["ram"]["entries"] >= 2 and stats["ram"]["hits"] >= 6

@@ -132,7 +132,7 @@ def fast_retry(attempts: int = 4) -> RetryPolicy:
 
 def _reader(small_store, tmp_path, fs):
     cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None,
-                               fetch="range")
+                               fetch="range", ram_format="encoded")
     reader = WindowReader(small_store, cache=cache, origin_fs=fs).open()
     reader.origin.retry = fast_retry()
     return reader

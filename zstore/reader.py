@@ -1,13 +1,13 @@
 """Window -> chunk keys -> bytes through the tiers -> decoded arrays.  The hot path.
 
-For each field of a window the reader computes the inner chunks it overlaps.
-With a decoded RAM tier, a chunk already there is a read-only memory map of a
-tmpfs file, kept mapped by this process (no syscall on a repeat hit); the
-window is then one copy out of those maps.  Missing chunks are resolved to
-byte ranges through the shard index, fetched together (the tiers first, then
-the origin in one concurrent batch), decoded, stored decoded in RAM and
-encoded on SSD.  Layouts the reader does not handle go through zarr's own
-indexing on the cached store.
+With a decoded RAM tier (the default) the unit in RAM is a decoded shard: one
+tmpfs file per array per shard (up to 64 s), memory-mapped read-only and kept
+mapped by each process, so a warm window is one dict lookup and one copy per
+field.  A shard missing from RAM is built from its chunks (SSD tier, else the
+origin in one concurrent batch), decoded once for the whole node under a lock,
+and published to the RAM tier.  Without a decoded RAM tier the reader fetches
+and decodes only the chunks the window overlaps (see :mod:`zstore.fetch`).
+Layouts the reader does not handle go through zarr's own indexing.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import numpy as np
 
 from zstore.cache.tiers import TieredCache
 from zstore.config import CacheConfig, ResolvedCache
-from zstore.decode import EMPTY, decode_chunk, decode_index, fill_chunk
-from zstore.errors import IntegrityError, StoreFormatError
+from zstore.errors import StoreFormatError
+from zstore.fetch import ChunkSource
 from zstore.layout import MANIFEST_ATTR, ArrayLayout, Manifest, Span, parse_array_meta
-from zstore.origin import Origin, describe, is_url
+from zstore.origin import Origin, is_url
 from zstore.store import CachedStore, read_root_metadata
 
-MAX_MAPS = 8192  # decoded chunks a process keeps mapped (vm.max_map_count is ~65k)
-RECHECK_EVERY = 2048  # hits between checks that mapped chunks were not evicted
-MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
+MAX_MAPS = 4096  # decoded shards a process keeps mapped (vm.max_map_count is ~65k)
+RECHECK_EVERY = 1024  # hits between checks that mapped shards were not evicted
+Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
 
 
 class WindowReader:
@@ -64,9 +64,10 @@ class WindowReader:
         self.origin = Origin(self.url, self.storage_options, fs=self.origin_fs,
                              max_requests=resolved.max_requests if resolved else 16)
         self.fetch = self._fetch_mode(resolved)
+        self.source = ChunkSource(self.url, self.origin, self.tiers, self.fetch)
+        self._decoded = self.tiers is not None and self.tiers.decoded
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
-        self._maps: OrderedDict[str, tuple[np.ndarray, str, int]] = OrderedDict()
-        self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, str, int]] = OrderedDict()
         self._hits_since_check = 0
         self._group: Any = None
         self._pid = os.getpid()
@@ -99,8 +100,10 @@ class WindowReader:
                 import json
 
                 try:
-                    meta = json.loads(self._get(f"{path}/zarr.json", lambda: self.origin.read(
-                        f"{path}/zarr.json")))
+                    key = f"{path}/zarr.json"
+                    raw = self.tiers.get(key, lambda: self.origin.read(key)) \
+                        if self.tiers is not None else self.origin.read(key)
+                    meta = json.loads(raw)
                 except FileNotFoundError:
                     raise StoreFormatError(f"{self.url}: item '{item}' has no array '{name}'; "
                                            "check the field names") from None
@@ -109,66 +112,94 @@ class WindowReader:
             self._layouts[(item, name)] = found
         return found
 
-    def _get(self, key: str, fetch: Any, *, ram: bool = True) -> bytes:
-        if self.tiers is None:
-            return fetch()
-        return self.tiers.get(key, fetch, ram=ram)
-
     def read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
         """Read ``spans`` (per field; None = the whole array) of ``item``."""
         self.open()
         out: dict[str, np.ndarray] = {}
         plan: list[tuple[str, ArrayLayout, Span]] = []
-        need: list[tuple[ArrayLayout, int]] = []
-        chunks: dict[tuple[str, int], np.ndarray] = {}
         for name, span in spans.items():
             layout = self.layout(item, name)
             if span is None and layout.fast:
                 span = Span(0, layout.length)
             if span is None or not layout.fast or layout.length == 0:
                 out[name] = self._read_with_zarr(layout, span)
-                continue
-            plan.append((name, layout, span))
-            for k in layout.chunks_for(span.start, span.stop):
-                arr = self._mapped(layout, k)
-                if arr is None:
-                    need.append((layout, k))
-                else:
-                    chunks[(layout.path, k)] = arr
-        if need:
-            for (layout, k), arr in zip(need, self._load_once(need)):
-                chunks[(layout.path, k)] = arr
-        for name, layout, span in plan:
-            out[name] = _assemble(layout, span, chunks)
+            else:
+                plan.append((name, layout, span))
+        if plan:
+            pieces = self._shards(plan) if self._decoded else self._chunks(plan)
+            for name, layout, span in plan:
+                out[name] = _assemble(layout, span, pieces)
         return out
 
-    def _mapped(self, layout: ArrayLayout, k: int, again: bool = False) -> np.ndarray | None:
-        key = f"{layout.path}#d{k}"
-        entry = self._maps.get(key)
-        tiers = self.tiers
+    def _chunks(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
+        need = [(layout, k) for _, layout, span in plan
+                for k in layout.chunks_for(span.start, span.stop)]
+        arrays = self.source.chunks(need, ram=self.tiers is not None)
+        return {(layout.path, k): (k * layout.chunk, arr)
+                for (layout, k), arr in zip(need, arrays)}
+
+    def _shards(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
+        pieces: Pieces = {}
+        missing: list[tuple[ArrayLayout, int]] = []
+        for _, layout, span in plan:
+            for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
+                arr = self._mapped(layout, s)
+                if arr is None:
+                    missing.append((layout, s))
+                else:
+                    pieces[(layout.path, s)] = (s * layout.shard, arr)
+        if missing:
+            for (layout, s), arr in zip(missing, self._build(missing)):
+                pieces[(layout.path, s)] = (s * layout.shard, arr)
+        return pieces
+
+    def _mapped(self, layout: ArrayLayout, s: int, again: bool = False) -> np.ndarray | None:
+        entry = self._maps.get((layout.path, s))
+        tiers: TieredCache = self.tiers  # type: ignore[assignment]
         if entry is not None:
-            tiers.stats.add("ram_hits")  # type: ignore[union-attr]
+            tiers.stats.add("ram_hits")
             self._hits_since_check += 1
             if self._hits_since_check >= RECHECK_EVERY:
                 self._drop_evicted()
             return entry[0]
-        if tiers is None or not tiers.decoded:
-            return None
-        got = tiers.ram.get_mapped(tiers.key(key), count_miss=not again)  # type: ignore
+        got = tiers.ram.get_mapped(tiers.key(f"{layout.object_key(s)}#D"),  # type: ignore
+                                   count_miss=not again)
         if got is None:
             return None
         payload, path, ino = got
         try:
-            arr = np.frombuffer(payload, dtype=layout.dtype).reshape(layout.chunk_shape)
+            arr = np.frombuffer(payload, dtype=layout.dtype).reshape(_shard_shape(layout, s))
         except ValueError:
             return None
-        self._maps[key] = (arr, path, ino)
+        self._maps[(layout.path, s)] = (arr, path, ino)
         if len(self._maps) > MAX_MAPS:
             self._maps.popitem(last=False)
         return arr
 
+    def _build(self, missing: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
+        """Decode whole shards into the RAM tier, once for the node (under its lock)."""
+        tiers: TieredCache = self.tiers  # type: ignore[assignment]
+        keys = [f"{layout.object_key(s)}#D" for layout, s in missing]
+        with tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
+            found = [self._mapped(layout, s, again=True) for layout, s in missing]
+            todo = [i for i, arr in enumerate(found) if arr is None]
+            need = []
+            for i in todo:
+                layout, s = missing[i]
+                last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
+                need += [(layout, k) for k in range(s * layout.chunks_per_shard, last)]
+            chunks = iter(self.source.chunks(need, ram=False)) if need else iter(())
+            for i in todo:
+                layout, s = missing[i]
+                shard = np.empty(_shard_shape(layout, s), dtype=layout.dtype)
+                for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
+                    _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
+                tiers.ram.put(tiers.key(keys[i]), shard)  # type: ignore[union-attr]
+                found[i] = shard
+        return found  # type: ignore[return-value]
+
     def _drop_evicted(self) -> None:
-        """Unmap chunks another process evicted, so their tmpfs pages are freed."""
+        """Unmap shards another process evicted, so their tmpfs pages are freed."""
         self._hits_since_check = 0
         for key, (_, path, ino) in list(self._maps.items()):
             try:
@@ -177,142 +208,6 @@ class WindowReader:
                 alive = False
             if not alive:
                 del self._maps[key]
-
-    def _index(self, layouts: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
-        """Shard indexes of the given (layout, shard) pairs, fetched together."""
-        found: dict[str, np.ndarray] = {}
-        todo: dict[str, tuple[ArrayLayout, str]] = {}
-        for layout, shard in layouts:
-            obj = layout.object_key(shard)
-            if obj in self._indexes:
-                found[obj] = self._indexes[obj]
-            elif obj not in todo:
-                todo[obj] = (layout, f"{obj}#s{layout.index_bytes}")
-        if todo:
-            keys = [ckey for _, ckey in todo.values()]
-            requests = [(obj, -layout.index_bytes, None) for obj, (layout, _) in todo.items()]
-            values = self._fetch_many(keys, requests, ram=True,
-                                      layouts={obj: lay for obj, (lay, _) in todo.items()})
-            for (obj, (layout, ckey)), data in zip(todo.items(), values):
-                if data is None:
-                    index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
-                else:
-                    index = decode_index(layout, data, f"{self.url}: {obj} (shard index)")
-                found[obj] = self._indexes[obj] = index
-                if len(self._indexes) > MAX_INDEXES:
-                    self._indexes.popitem(last=False)
-        return found
-
-    def _fetch_many(self, keys: list[str], requests: list[tuple[str, int | None, int | None]],
-                    *, ram: bool, layouts: dict[str, ArrayLayout] | None = None
-                    ) -> list[bytes | None]:
-        """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
-
-        None stands for an object missing at the origin (a chunk never written).
-        """
-        by_key = dict(zip(keys, requests))
-
-        def fetch(miss: list[str]) -> list[bytes | None]:
-            return self._from_origin([by_key[k] for k in miss], layouts or {})
-
-        if self.tiers is None:
-            return fetch(keys)
-        return self.tiers.get_many(keys, fetch, ram=ram)
-
-    def _from_origin(self, requests: list[tuple[str, int | None, int | None]],
-                     layouts: dict[str, ArrayLayout]) -> list[bytes | None]:
-        if self.fetch != "shard":
-            return self._read_ranges(requests)
-        objects = sorted({r[0] for r in requests})
-        whole = dict(zip(objects, self._read_ranges([(o, None, None) for o in objects])))
-        for obj, data in whole.items():
-            if data is not None and obj in layouts:
-                self._fill_shard(obj, layouts[obj], data, requests)
-        return [None if whole[obj] is None else _slice(whole[obj], start, stop)
-                for obj, start, stop in requests]
-
-    def _fill_shard(self, obj: str, layout: ArrayLayout, data: bytes,
-                    requested: list[tuple[str, int | None, int | None]]) -> None:
-        """Put every chunk of a whole shard into the SSD tier (``fetch="shard"``)."""
-        if self.tiers is None or len(data) < layout.index_bytes:
-            return
-        index = decode_index(layout, data[-layout.index_bytes:], f"{self.url}: {obj}")
-        skip = {(r[1], r[2]) for r in requested if r[0] == obj}
-        ram = not self.tiers.decoded
-        for offset, nbytes in index:
-            if offset == EMPTY or (int(offset), int(offset + nbytes)) in skip:
-                continue
-            start, stop = int(offset), int(offset + nbytes)
-            self.tiers.fill(f"{obj}#r{start}-{stop}", data[start:stop], ram=ram)
-
-    def _read_ranges(self, requests: list[tuple[str, int | None, int | None]]
-                     ) -> list[bytes | None]:
-        try:
-            datas: list[bytes | None] = list(self.origin.read_many(requests))
-        except FileNotFoundError:  # some object is missing: find which, one by one
-            datas = []
-            for r in requests:
-                try:
-                    datas.append(self.origin.read(*r))
-                except FileNotFoundError:
-                    datas.append(None)
-        if self.tiers is not None:
-            self.tiers.stats.add("origin_requests", len(requests))
-            self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas if d is not None))
-        return datas
-
-    def _load_once(self, need: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
-        """:meth:`_load` under node-wide locks, so each chunk is decoded into RAM once."""
-        tiers = self.tiers
-        if tiers is None or not tiers.decoded or tiers.decode_locks is None:
-            return self._load(need)
-        with tiers.decode_locks.hold(f"{layout.path}#d{k}" for layout, k in need):
-            found = [self._mapped(layout, k, again=True) for layout, k in need]
-            todo = [i for i, arr in enumerate(found) if arr is None]
-            for i, arr in zip(todo, self._load([need[i] for i in todo]) if todo else []):
-                found[i] = arr
-        return found  # type: ignore[return-value]
-
-    def _load(self, need: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
-        """Fetch, decode and cache the chunks in ``need``."""
-        indexes = self._index([(layout, k // layout.chunks_per_shard)
-                               for layout, k in need if layout.sharded])
-        keys, requests, slots = [], [], []
-        result: list[np.ndarray | None] = [None] * len(need)
-        for i, (layout, k) in enumerate(need):
-            obj = layout.object_key(k // layout.chunks_per_shard)
-            if not layout.sharded:  # one object per chunk
-                keys.append(obj)
-                requests.append((obj, None, None))
-                slots.append(i)
-                continue
-            offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
-            if offset == EMPTY:
-                result[i] = fill_chunk(layout)
-                continue
-            start, stop = int(offset), int(offset + nbytes)
-            keys.append(f"{obj}#r{start}-{stop}")
-            requests.append((obj, start, stop))
-            slots.append(i)
-        encoded_in_ram = self.tiers is not None and not self.tiers.decoded
-        layouts = {layout.object_key(k // layout.chunks_per_shard): layout
-                   for layout, k in need if layout.sharded}
-        values = self._fetch_many(keys, requests, ram=encoded_in_ram,
-                                  layouts=layouts) if keys else []
-        for i, key, request, data in zip(slots, keys, requests, values):
-            layout, k = need[i]
-            where = f"{self.url}: {describe(*request)}"
-            if data is None:  # an unsharded chunk the store never wrote
-                arr = fill_chunk(layout)
-            else:
-                try:
-                    arr = decode_chunk(layout, data, where)
-                except IntegrityError:  # refetch once from the origin, past the tiers
-                    arr = decode_chunk(layout, self.origin.read(*request), where)
-            if self.tiers is not None and self.tiers.decoded:
-                self.tiers.ram.put(self.tiers.key(f"{layout.path}#d{k}"), arr)  # type: ignore
-            result[i] = arr
-        return result  # type: ignore[return-value]
 
     def _read_with_zarr(self, layout: ArrayLayout, span: Span | None) -> np.ndarray:
         """Fallback: zarr's own indexing on the cached store."""
@@ -335,25 +230,39 @@ class WindowReader:
         return data
 
 
-def _slice(data: bytes, start: int | None, stop: int | None) -> bytes:
-    if start is not None and start < 0:
-        return data[start:]
-    return data[start or 0:stop]
+def _shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:
+    shape = list(layout.shape)
+    shape[layout.time_axis] = min(layout.shard, layout.length - s * layout.shard)
+    return tuple(shape)
 
 
-def _assemble(layout: ArrayLayout, span: Span, chunks: dict[tuple[str, int], np.ndarray]
-              ) -> np.ndarray:
-    axis, c = layout.time_axis, layout.chunk
+def _copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> None:
+    """Copy ``src`` into ``dst`` at ``offset`` along ``axis``, clipped to ``dst``."""
+    n = min(src.shape[axis], dst.shape[axis] - offset)
+    d = [slice(None)] * dst.ndim
+    s = [slice(None)] * dst.ndim
+    d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
+    dst[tuple(d)] = src[tuple(s)]
+
+
+def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces) -> np.ndarray:
+    """One copy of ``span`` out of the pieces (chunks or shards) that cover it."""
+    axis = layout.time_axis
     shape = list(layout.shape)
     shape[axis] = span.stop - span.start + span.pad
     out = np.empty(shape, dtype=layout.dtype)
     dst = [slice(None)] * len(shape)
     src = [slice(None)] * len(shape)
-    for k in layout.chunks_for(span.start, span.stop):
-        lo, hi = max(span.start, k * c), min(span.stop, (k + 1) * c)
+    for (path, _), (offset, arr) in pieces.items():
+        if path != layout.path:
+            continue
+        lo = max(span.start, offset)
+        hi = min(span.stop, offset + arr.shape[axis])
+        if lo >= hi:
+            continue
         dst[axis] = slice(lo - span.start, hi - span.start)
-        src[axis] = slice(lo - k * c, hi - k * c)
-        out[tuple(dst)] = chunks[(layout.path, k)][tuple(src)]
+        src[axis] = slice(lo - offset, hi - offset)
+        out[tuple(dst)] = arr[tuple(src)]
     if span.pad:
         dst[axis] = slice(span.stop - span.start, None)
         out[tuple(dst)] = 0

@@ -1,0 +1,153 @@
+"""Chunk bytes for the reader: shard indexes, byte ranges through the tiers, origin batches.
+
+:class:`ChunkSource` turns (array, chunk) pairs into decoded chunks.  Everything a
+call needs that the tiers miss is fetched from the origin in one concurrent
+batch; with ``fetch="shard"`` a whole shard is read on first touch and all its
+chunks go into the tiers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from zstore.cache.tiers import TieredCache
+from zstore.decode import EMPTY, decode_chunk, decode_index, fill_chunk
+from zstore.errors import IntegrityError
+from zstore.layout import ArrayLayout
+from zstore.origin import Origin, describe
+
+MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
+Request = tuple[str, "int | None", "int | None"]
+
+
+class ChunkSource:
+    """Fetch and decode inner chunks of one store for one process."""
+
+    def __init__(self, url: str, origin: Origin, tiers: TieredCache | None, fetch: str):
+        self.url, self.origin, self.tiers, self.fetch = url, origin, tiers, fetch
+        self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def index(self, shards: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
+        """Shard indexes of the given (layout, shard) pairs, fetched together."""
+        found: dict[str, np.ndarray] = {}
+        todo: dict[str, ArrayLayout] = {}
+        for layout, shard in shards:
+            obj = layout.object_key(shard)
+            if obj in self._indexes:
+                found[obj] = self._indexes[obj]
+            else:
+                todo[obj] = layout
+        if todo:
+            keys = [f"{obj}#s{layout.index_bytes}" for obj, layout in todo.items()]
+            requests = [(obj, -layout.index_bytes, None) for obj, layout in todo.items()]
+            values = self.fetch_many(keys, requests, ram=True, layouts=todo)
+            for (obj, layout), data in zip(todo.items(), values):
+                if data is None:  # a shard the store never wrote: all fill value
+                    index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
+                else:
+                    index = decode_index(layout, data, f"{self.url}: {obj} (shard index)")
+                found[obj] = self._indexes[obj] = index
+                if len(self._indexes) > MAX_INDEXES:
+                    self._indexes.popitem(last=False)
+        return found
+
+    def chunks(self, need: list[tuple[ArrayLayout, int]], *, ram: bool) -> list[np.ndarray]:
+        """Decoded chunks for (layout, chunk number) pairs; ``ram``: keep encoded bytes in RAM."""
+        indexes = self.index([(layout, k // layout.chunks_per_shard)
+                              for layout, k in need if layout.sharded])
+        keys, requests, slots = [], [], []
+        result: list[np.ndarray | None] = [None] * len(need)
+        for i, (layout, k) in enumerate(need):
+            obj = layout.object_key(k // layout.chunks_per_shard)
+            if not layout.sharded:  # one object per chunk
+                keys.append(obj)
+                requests.append((obj, None, None))
+                slots.append(i)
+                continue
+            offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
+            if offset == EMPTY:
+                result[i] = fill_chunk(layout)
+                continue
+            start, stop = int(offset), int(offset + nbytes)
+            keys.append(f"{obj}#r{start}-{stop}")
+            requests.append((obj, start, stop))
+            slots.append(i)
+        layouts = {layout.object_key(k // layout.chunks_per_shard): layout
+                   for layout, k in need if layout.sharded}
+        values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
+        for i, request, data in zip(slots, requests, values):
+            layout = need[i][0]
+            where = f"{self.url}: {describe(*request)}"
+            if data is None:  # an unsharded chunk the store never wrote
+                result[i] = fill_chunk(layout)
+                continue
+            try:
+                result[i] = decode_chunk(layout, data, where)
+            except IntegrityError:  # refetch once from the origin, past the tiers
+                result[i] = decode_chunk(layout, self.origin.read(*request), where)
+        return result  # type: ignore[return-value]
+
+    def fetch_many(self, keys: list[str], requests: list[Request], *, ram: bool,
+                   layouts: dict[str, ArrayLayout]) -> list[bytes | None]:
+        """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
+
+        None stands for an object missing at the origin (a chunk never written).
+        """
+        by_key = dict(zip(keys, requests))
+
+        def fetch(miss: list[str]) -> list[bytes | None]:
+            return self._from_origin([by_key[k] for k in miss], layouts)
+
+        if self.tiers is None:
+            return fetch(keys)
+        return self.tiers.get_many(keys, fetch, ram=ram)
+
+    def _from_origin(self, requests: list[Request],
+                     layouts: dict[str, ArrayLayout]) -> list[bytes | None]:
+        if self.fetch != "shard":
+            return self._read(requests)
+        objects = sorted({r[0] for r in requests})
+        whole = dict(zip(objects, self._read([(o, None, None) for o in objects])))
+        for obj, data in whole.items():
+            if data is not None and obj in layouts:
+                self._fill_shard(obj, layouts[obj], data, requests)
+        return [None if whole[obj] is None else _slice(whole[obj], start, stop)
+                for obj, start, stop in requests]
+
+    def _fill_shard(self, obj: str, layout: ArrayLayout, data: bytes,
+                    requested: list[Request]) -> None:
+        """Put every chunk of a whole shard into the tiers (``fetch="shard"``)."""
+        if self.tiers is None or len(data) < layout.index_bytes:
+            return
+        index = decode_index(layout, data[-layout.index_bytes:], f"{self.url}: {obj}")
+        skip = {(r[1], r[2]) for r in requested if r[0] == obj}
+        for offset, nbytes in index:
+            if offset == EMPTY:
+                continue
+            start, stop = int(offset), int(offset) + int(nbytes)
+            if (start, stop) not in skip:
+                self.tiers.fill(f"{obj}#r{start}-{stop}", data[start:stop],
+                                ram=not self.tiers.decoded)
+
+    def _read(self, requests: list[Request]) -> list[bytes | None]:
+        try:
+            datas: list[bytes | None] = list(self.origin.read_many(requests))
+        except FileNotFoundError:  # some object is missing: find which, one by one
+            datas = []
+            for r in requests:
+                try:
+                    datas.append(self.origin.read(*r))
+                except FileNotFoundError:
+                    datas.append(None)
+        if self.tiers is not None:
+            self.tiers.stats.add("origin_requests", len(requests))
+            self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas if d is not None))
+        return datas
+
+
+def _slice(data: bytes, start: int | None, stop: int | None) -> bytes:
+    if start is not None and start < 0:
+        return data[start:]
+    return data[start or 0:stop]

@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import numpy as np
 import zarr
 
 import zstore
 
 import workers
+from conftest import spawn_all
 
 
 def run_ranks(url, cache, n, items, epochs=2):
-    ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(n), ctx.Queue()
-    procs = []
-    for rank in range(n):
+    def args(rank, barrier, queue):
         order = items[rank * len(items) // n:] + items[:rank * len(items) // n]
-        procs.append(ctx.Process(target=workers.read_windows,
-                                 args=(url, cache, barrier, order, epochs, queue)))
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=600) for _ in procs]
-    for p in procs:
-        p.join(timeout=600)
-        assert p.exitcode == 0
-    return results
+        return (url, cache, barrier, order, epochs, queue)
+
+    return spawn_all(workers.read_windows, n, args)
 
 
 def test_four_processes_share_one_cache(small_store, tmp_path):

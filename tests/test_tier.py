@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -18,7 +17,7 @@ from zstore.cache.stats import Stats
 from zstore.cache.tier import HEADER_SIZE, Tier
 
 import workers
-from conftest import PYTHON, subprocess_env
+from conftest import PYTHON, spawn_all, subprocess_env
 
 
 def values(n: int, size: int) -> dict[str, bytes]:
@@ -132,17 +131,8 @@ def test_killed_writer_leaves_nothing_visible(tmp_path):
 
 
 def test_processes_filling_one_key_never_tear_it(tmp_path):
-    ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=workers.fill_same_key,
-                         args=(str(tmp_path / "t"), 2**20, barrier, 40, queue))
-             for _ in range(4)]
-    for p in procs:
-        p.start()
-    bad = [queue.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0
+    bad = spawn_all(workers.fill_same_key, 4,
+                    lambda rank, barrier, queue: (str(tmp_path / "t"), 2**20, barrier, 40, queue))
     assert bad == [0, 0, 0, 0]
     assert Tier("ram", str(tmp_path / "t"), 2**20, Stats(None)).usage()["bytes_on_disk"] <= 2**20
 

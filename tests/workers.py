@@ -65,7 +65,3 @@ def read_windows(url: str, cache, barrier, items: list[int], epochs: int, queue)
                                x["act"].numpy().tobytes())
     queue.put((os.getpid(), out))
 
-
-def read_after_fork_worker(url: str, cache) -> list:
-    """Used with DataLoader: iterate a dataset created (and read) in the parent."""
-    return []

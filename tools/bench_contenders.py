@@ -179,12 +179,13 @@ def rank_worker(paths: Paths, options: dict[str, Any], windows: list[tuple[int, 
 
     contender = Contender("rank", "zstore", options)
     contender.open(paths)
-    gc.collect()
-    base = smaps()
     barrier.wait()
     t0 = time.perf_counter()
-    for index, item, start in windows:
+    for n, (index, item, start) in enumerate(windows):
         contender.read(paths, index, item, start, frames)
+        if n == 9:  # the per-process base: imports, open handles, working buffers
+            gc.collect()
+            base = smaps()
     seconds = time.perf_counter() - t0
     gc.collect()
     queue.put({"pid": os.getpid(), "windows": len(windows), "seconds": seconds,

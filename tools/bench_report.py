@@ -139,7 +139,9 @@ def write_report(results: dict[str, Any], out: str) -> None:
         f"Node memory with 4 ranks: {mem['node'] / MB:,.0f} MB = private PSS of the ranks "
         f"({mem['private'] / MB:,.0f} MB, i.e. Pss - Pss_Shmem from /proc/PID/smaps_rollup) + "
         f"tmpfs used by the RAM tier ({mem['tmpfs'] / MB:,.0f} MB). Per-process base "
-        f"(private PSS after import and open, before reading): {mem['base'] / MB:,.0f} MB.", "",
+        f"(private PSS after import, open and the first 10 windows): "
+        f"{mem['base'] / MB:,.0f} MB; it does not grow with the data read (the cache is in "
+        "the shared tier, not in the processes).", "",
         "## Read path", "",
         f"- RAM-hit window: {ov['window_us']:.0f} us, of which the one copy of the output out "
         f"of the mapped tmpfs shards (allocation included) is {ov['copy_us']:.0f} us: "

@@ -12,6 +12,7 @@ Layouts the reader does not handle go through zarr's own indexing.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections import OrderedDict
 from typing import Any
@@ -196,6 +197,7 @@ class WindowReader:
                     _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
                 tiers.ram.put(tiers.key(keys[i]), shard)  # type: ignore[union-attr]
                 found[i] = shard
+        release_free_memory()
         return found  # type: ignore[return-value]
 
     def _drop_evicted(self) -> None:
@@ -228,6 +230,22 @@ class WindowReader:
             widths[layout.time_axis] = (0, span.pad)
             data = np.pad(data, widths)
         return data
+
+
+def release_free_memory() -> None:
+    """Hand freed heap back to the OS (glibc keeps it after large temporaries such as the
+    decoded shards, and per-process memory is what the shared RAM tier exists to save)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 def _shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:

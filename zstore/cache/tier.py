@@ -11,6 +11,7 @@ degradation: any failure of the tier warns once and reads fall through.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import struct
@@ -37,8 +38,31 @@ def rounded(n: int) -> int:
 
 
 def pack(payload: bytes | memoryview) -> bytes:
-    header = HEADER.pack(MAGIC, 0, len(payload), crc32c(payload))
-    return header + bytes(HEADER_SIZE - HEADER.size) + payload
+    return header(payload) + bytes(payload)
+
+
+def header(payload: bytes | memoryview) -> bytes:
+    """The 64-byte header of a value: magic, payload length and crc32c."""
+    head = HEADER.pack(MAGIC, 0, len(payload), crc32c(payload))
+    return head + bytes(HEADER_SIZE - HEADER.size)
+
+
+class _Parts(io.RawIOBase):
+    """A file-like reader over header + payload, so large values are written without
+    first being joined into one more copy in memory."""
+
+    def __init__(self, *parts: bytes | memoryview):
+        self._parts = [memoryview(p).cast("B") for p in parts if len(p)]
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._parts:
+            return b""
+        part = self._parts[0]
+        n = len(part) if n is None or n < 0 else n
+        out, self._parts[0] = bytes(part[:n]), part[n:]
+        if not len(self._parts[0]):
+            self._parts.pop(0)
+        return out
 
 
 def unpack(value: bytes | memoryview) -> memoryview | None:
@@ -133,7 +157,8 @@ class Tier:
             self._cache = diskcache.Cache(
                 self.directory, disk=_Disk, size_limit=2**62, cull_limit=0,
                 eviction_policy="least-recently-stored", disk_min_file_size=0,
-                statistics=0, sqlite_wal_autocheckpoint=64, sqlite_mmap_size=0)
+                statistics=0, sqlite_wal_autocheckpoint=64, sqlite_mmap_size=0,
+                sqlite_cache_size=256)
         except Exception as e:  # read-only, missing or full directory: run without the tier
             self._warn("cannot be opened", e)
             self._cache = None
@@ -239,8 +264,10 @@ class Tier:
         cache = self._open()
         if cache is None:
             return False
-        value = pack(payload if not isinstance(payload, np.ndarray) else payload.tobytes())
-        need = rounded(len(value))
+        if isinstance(payload, np.ndarray):
+            payload = memoryview(np.ascontiguousarray(payload)).cast("B")
+        head = header(payload)
+        need = rounded(len(head) + len(payload))
         if need + self.reserve > self.budget:
             self.stats.add(f"{self.name}_bypassed")
             return False
@@ -248,7 +275,7 @@ class Tier:
         try:
             with cache._transact(retry=True) as (sql, cleanup):
                 self._make_room(cache, sql, cleanup, need)
-                cache.set(key, value, retry=True)
+                cache.set(key, _Parts(head, payload), read=True, retry=True)
         except Exception as e:  # full disk, deleted or read-only directory
             if disk.last_path:
                 try:
@@ -258,7 +285,7 @@ class Tier:
             self._warn("write failed", e)
             return False
         self.stats.add(f"{self.name}_fills")
-        self.stats.add(f"{self.name}_fill_bytes", len(value))
+        self.stats.add(f"{self.name}_fill_bytes", len(head) + len(payload))
         return True
 
     def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int) -> None:

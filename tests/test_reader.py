@@ -182,3 +182,21 @@ def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path):
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] == fills  # served from the shards the first reader built
     assert stats["ram"]["entries"] >= 2 and stats["ram"]["hits"] >= 6
+
+
+def test_corrupt_decoded_shards_are_dropped_and_rebuilt(small_store, tmp_path):
+    cfg = config(tmp_path, "decoded-ram")
+    root = zarr.open_group(small_store, mode="r")
+    item = "utt000001"
+    wav = root[f"{item}/wav"]
+    WindowReader(small_store, cache=cfg).read(item, {"wav": Span(0, wav.shape[1])})
+    shards = [f for f in (tmp_path / "ram").rglob("*.val") if f.stat().st_size > 100_000]
+    assert shards
+    for f in shards:
+        raw = bytearray(f.read_bytes())
+        raw[len(raw) // 2] ^= 0x01  # one flipped bit in the payload
+        f.write_bytes(bytes(raw))
+    fresh = WindowReader(small_store, cache=cfg)  # as another process: maps the files
+    for a, b in [(0, 16000), (0, wav.shape[1]), (16000, 48000)]:
+        np.testing.assert_array_equal(fresh.read(item, {"wav": Span(a, b)})["wav"], wav[:, a:b])
+    assert zstore.cache_stats(cfg)["ram"]["corrupt"] >= 1

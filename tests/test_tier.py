@@ -14,7 +14,8 @@ import pytest
 import zstore
 from zstore.cache import TieredCache, cache_stats, clear_cache
 from zstore.cache.stats import Stats
-from zstore.cache.tier import HEADER_SIZE, Tier
+from zstore.cache.tier import Tier
+from zstore.cache.value import HEADER_SIZE
 
 import workers
 from conftest import PYTHON, spawn_all, subprocess_env

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from zstore.cache.tiers import TieredCache
+from zstore.cache.value import Checked
 from zstore.config import CacheConfig, ResolvedCache
 from zstore.errors import StoreFormatError
 from zstore.fetch import ChunkSource
@@ -68,7 +69,8 @@ class WindowReader:
         self.source = ChunkSource(self.url, self.origin, self.tiers, self.fetch)
         self._decoded = self.tiers is not None and self.tiers.decoded
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
-        self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, str, int]] = OrderedDict()
+        self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, Checked, str, int]] = \
+            OrderedDict()
         self._hits_since_check = 0
         self._group: Any = None
         self._pid = os.getpid()
@@ -145,6 +147,8 @@ class WindowReader:
         for _, layout, span in plan:
             for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
                 arr = self._mapped(layout, s)
+                if arr is not None and not self._checked(layout, s, arr, span):
+                    arr = None
                 if arr is None:
                     missing.append((layout, s))
                 else:
@@ -153,6 +157,28 @@ class WindowReader:
             for (layout, s), arr in zip(missing, self._build(missing)):
                 pieces[(layout.path, s)] = (s * layout.shard, arr)
         return pieces
+
+    def _checked(self, layout: ArrayLayout, s: int, arr: np.ndarray, span: Span) -> bool:
+        """Check the blocks of a mapped shard this span reads (once per process)."""
+        checked = self._maps[(layout.path, s)][1]
+        if checked.complete:
+            return True
+        offset, axis, isz = s * layout.shard, layout.time_axis, arr.itemsize
+        lo = max(span.start, offset) - offset
+        hi = min(span.stop, offset + arr.shape[axis]) - offset
+        if axis == arr.ndim - 1:
+            t = arr.shape[-1]
+            good = all(checked.verify((r * t + lo) * isz, (r * t + hi) * isz)
+                       for r in range(arr.size // t))
+        elif axis == 0:
+            row = arr.nbytes // arr.shape[0]
+            good = checked.verify(lo * row, hi * row)
+        else:
+            good = checked.verify(0, arr.nbytes)
+        if not good:  # corrupt in the RAM tier: drop it; the caller rebuilds the shard
+            del self._maps[(layout.path, s)]
+            self.tiers.ram.drop(self.tiers.key(f"{layout.object_key(s)}#D"))  # type: ignore
+        return good
 
     def _mapped(self, layout: ArrayLayout, s: int, again: bool = False) -> np.ndarray | None:
         entry = self._maps.get((layout.path, s))
@@ -167,12 +193,13 @@ class WindowReader:
                                    count_miss=not again)
         if got is None:
             return None
-        payload, path, ino = got
+        checked, path, ino = got
         try:
-            arr = np.frombuffer(payload, dtype=layout.dtype).reshape(_shard_shape(layout, s))
+            arr = np.frombuffer(checked.payload, dtype=layout.dtype).reshape(
+                _shard_shape(layout, s))
         except ValueError:
             return None
-        self._maps[(layout.path, s)] = (arr, path, ino)
+        self._maps[(layout.path, s)] = (arr, checked, path, ino)
         if len(self._maps) > MAX_MAPS:
             self._maps.popitem(last=False)
         return arr
@@ -183,6 +210,13 @@ class WindowReader:
         keys = [f"{layout.object_key(s)}#D" for layout, s in missing]
         with tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
             found = [self._mapped(layout, s, again=True) for layout, s in missing]
+            for i, (layout, s) in enumerate(missing):  # built meanwhile by another process:
+                entry = self._maps.get((layout.path, s))  # rare, so check it whole
+                if found[i] is not None and entry and not entry[1].verify(
+                        0, len(entry[1].payload)):
+                    del self._maps[(layout.path, s)]
+                    tiers.ram.drop(tiers.key(keys[i]))  # type: ignore[union-attr]
+                    found[i] = None
             todo = [i for i, arr in enumerate(found) if arr is None]
             need = []
             for i in todo:
@@ -195,7 +229,7 @@ class WindowReader:
                 shard = np.empty(_shard_shape(layout, s), dtype=layout.dtype)
                 for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
                     _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
-                tiers.ram.put(tiers.key(keys[i]), shard)  # type: ignore[union-attr]
+                tiers.ram.put(tiers.key(keys[i]), shard, blocked=True)  # type: ignore
                 found[i] = shard
         release_free_memory()
         return found  # type: ignore[return-value]
@@ -203,7 +237,7 @@ class WindowReader:
     def _drop_evicted(self) -> None:
         """Unmap shards another process evicted, so their tmpfs pages are freed."""
         self._hits_since_check = 0
-        for key, (_, path, ino) in list(self._maps.items()):
+        for key, (_, _, path, ino) in list(self._maps.items()):
             try:
                 alive = os.stat(path).st_ino == ino
             except OSError:

@@ -11,7 +11,6 @@ degradation: any failure of the tier warns once and reads fall through.
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 import struct
@@ -20,14 +19,11 @@ import warnings
 from typing import Any
 
 import diskcache
-from crc32c import crc32c
 import numpy as np
 
 from zstore.cache.stats import Stats
+from zstore.cache.value import Checked, Parts, header, open_value, unpack
 
-MAGIC = b"ZSV1"
-HEADER = struct.Struct("<4sIQI")  # magic, flags, payload length, crc32c of payload
-HEADER_SIZE = 64  # payloads start 64-byte aligned so decoded arrays map zero-copy
 PAGE = 4096
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
               "fuse.sshfs", "9p", "afs", "glusterfs", "fuse.glusterfs")
@@ -35,47 +31,6 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs"
 
 def rounded(n: int) -> int:
     return -(-n // PAGE) * PAGE
-
-
-def pack(payload: bytes | memoryview) -> bytes:
-    return header(payload) + bytes(payload)
-
-
-def header(payload: bytes | memoryview) -> bytes:
-    """The 64-byte header of a value: magic, payload length and crc32c."""
-    head = HEADER.pack(MAGIC, 0, len(payload), crc32c(payload))
-    return head + bytes(HEADER_SIZE - HEADER.size)
-
-
-class _Parts(io.RawIOBase):
-    """A file-like reader over header + payload, so large values are written without
-    first being joined into one more copy in memory."""
-
-    def __init__(self, *parts: bytes | memoryview):
-        self._parts = [memoryview(p).cast("B") for p in parts if len(p)]
-
-    def read(self, n: int = -1) -> bytes:
-        if not self._parts:
-            return b""
-        part = self._parts[0]
-        n = len(part) if n is None or n < 0 else n
-        out, self._parts[0] = bytes(part[:n]), part[n:]
-        if not len(self._parts[0]):
-            self._parts.pop(0)
-        return out
-
-
-def unpack(value: bytes | memoryview) -> memoryview | None:
-    """The payload of a packed value, or None when its header, length or crc32c is wrong."""
-    if len(value) < HEADER_SIZE:
-        return None
-    magic, _, length, crc = HEADER.unpack_from(value)
-    payload = memoryview(value)[HEADER_SIZE:]
-    if magic != MAGIC or len(payload) != length:
-        return None
-    if crc32c(payload) != crc:
-        return None
-    return payload
 
 
 def filesystem_type(path: str) -> str:
@@ -225,8 +180,12 @@ class Tier:
         return bytes(payload)
 
     def get_mapped(self, key: str, *, count_miss: bool = True
-                   ) -> tuple[memoryview, str, int] | None:
-        """Map ``key``'s value: (payload view, file path, inode), or None."""
+                   ) -> tuple[Checked, str, int] | None:
+        """Map ``key``'s value read-only: (checked payload, file path, inode), or None.
+
+        A blocked value's payload is checked lazily, by ``Checked.verify``, for the bytes
+        the caller reads; call :meth:`drop` when that fails.
+        """
         cache = self._open()
         if cache is None:
             return None
@@ -243,12 +202,19 @@ class Tier:
         except Exception as e:
             self._warn("read failed", e)
             return None
-        payload = unpack(mapped)
-        if payload is None:
+        checked = open_value(mapped)
+        if checked is None:
             return self._corrupt(cache, key)
         self.stats.add(f"{self.name}_hits")
-        self.stats.add(f"{self.name}_hit_bytes", len(payload))
-        return payload, handle.name, ino
+        self.stats.add(f"{self.name}_hit_bytes", len(checked.payload))
+        return checked, handle.name, ino
+
+    def drop(self, key: str) -> None:
+        """Remove a value found corrupt by a lazy check, so it is rebuilt."""
+        cache = self._open()
+        if cache is not None:
+            self._corrupt(cache, key)
+            self.stats.add(f"{self.name}_misses", -1)
 
     def _corrupt(self, cache: diskcache.Cache, key: str) -> None:
         self.stats.add(f"{self.name}_corrupt")
@@ -259,14 +225,18 @@ class Tier:
             self._warn("dropping a corrupt value failed", e)
         return None
 
-    def put(self, key: str, payload: bytes | memoryview | np.ndarray) -> bool:
-        """Store ``payload`` under ``key``, evicting the oldest values first to stay in budget."""
+    def put(self, key: str, payload: bytes | memoryview | np.ndarray, *,
+            blocked: bool = False) -> bool:
+        """Store ``payload`` under ``key``, evicting the oldest values first to stay in budget.
+
+        ``blocked`` stores a crc32c per 128 KiB block, for values mapped and read in parts.
+        """
         cache = self._open()
         if cache is None:
             return False
         if isinstance(payload, np.ndarray):
             payload = memoryview(np.ascontiguousarray(payload)).cast("B")
-        head = header(payload)
+        head = header(payload, blocked=blocked)
         need = rounded(len(head) + len(payload))
         if need + self.reserve > self.budget:
             self.stats.add(f"{self.name}_bypassed")
@@ -275,7 +245,7 @@ class Tier:
         try:
             with cache._transact(retry=True) as (sql, cleanup):
                 self._make_room(cache, sql, cleanup, need)
-                cache.set(key, _Parts(head, payload), read=True, retry=True)
+                cache.set(key, Parts(head, payload), read=True, retry=True)
         except Exception as e:  # full disk, deleted or read-only directory
             if disk.last_path:
                 try:

@@ -193,3 +193,16 @@ def test_origin_error_names_store_key_and_range(tmp_path):
     with pytest.raises(zstore.OriginError) as err:
         origin.read("obj", 0, 8)
     assert str(tmp_path) in str(err.value) and "obj bytes [0, 8)" in str(err.value)
+
+
+def test_network_file_system_paths_are_read_concurrently(tmp_path, monkeypatch):
+    for i in range(4):
+        (tmp_path / f"k{i}").write_bytes(bytes([i]) * 100)
+    local = Origin(str(tmp_path))
+    local.read("k0")
+    assert not local._concurrent  # local disk: ranges in turn
+    monkeypatch.setattr("zstore.cache.tier.filesystem_type", lambda path: "nfs4")
+    nfs = Origin(str(tmp_path), max_requests=4)
+    assert nfs.read_many([(f"k{i}", 10, 20) for i in range(4)]) == [bytes([i]) * 10
+                                                                    for i in range(4)]
+    assert nfs._concurrent and nfs._pool is not None

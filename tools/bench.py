@@ -35,6 +35,7 @@ def prepare(work: str, size: str) -> tuple[Paths, dict[str, Any]]:
     """Generate (or reuse) the HDF5 file, the zstore store and the Arrow copy."""
     import zstore
     from zstore.config import parse_size
+    from zstore.origin import store_bytes
     from zstore.synthetic import SyntheticSpec, items_for_size, make_synthetic
 
     work = os.path.abspath(work)
@@ -58,13 +59,9 @@ def prepare(work: str, size: str) -> tuple[Paths, dict[str, Any]]:
                 "arrow_seconds": time.perf_counter() - t0}
         json.dump(meta, open(meta_path, "w"))
     meta["h5_bytes"] = os.path.getsize(paths.h5)
-    meta["arrow_bytes"] = dir_bytes(paths.arrow)
-    meta["store_bytes"] = dir_bytes(paths.store)
+    meta["arrow_bytes"] = store_bytes(paths.arrow)
+    meta["store_bytes"] = store_bytes(paths.store)
     return paths, meta
-
-
-def dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
 def arrow_from_h5(h5: str, out: str) -> None:

@@ -57,6 +57,12 @@ def store_bytes(url: str, storage_options: dict[str, Any] | None = None) -> int:
     return int(fs.du(path))
 
 
+def _on_network_fs(path: str) -> bool:
+    from zstore.cache.tier import NETWORK_FS, filesystem_type
+
+    return filesystem_type(os.path.abspath(path)) in NETWORK_FS
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Bounded exponential backoff for transient origin errors."""
@@ -152,6 +158,9 @@ class Origin:
             self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         else:
             self._fs, self._root = None, local_path(self.url)
+        # Local disks answer a read in microseconds, so ranges are read in turn; a network
+        # file system (NFS, Lustre, ...) costs a round trip each, so they overlap.
+        self._concurrent = self._fs is not None or _on_network_fs(self._root)
 
     def _read_once(self, key: str, start: int | None, stop: int | None) -> bytes:
         if self._fs is None:
@@ -198,7 +207,7 @@ class Origin:
     def read_many(self, requests: list[Request]) -> list[bytes]:
         """Read several ranges concurrently (at most ``max_requests`` in flight)."""
         self._open()
-        if len(requests) <= 1 or self._fs is None:
+        if len(requests) <= 1 or not self._concurrent:
             return [self.read(*r) for r in requests]
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.max_requests, thread_name_prefix="zstore")

@@ -56,7 +56,7 @@ class WindowReader:
         """Read the manifest and set up this process's handles (idempotent per process)."""
         if self._pid == os.getpid():
             return self
-        meta = self._root_meta()
+        meta = read_root_metadata(self.url, self.storage_options, self.origin_fs)
         self.manifest = Manifest.from_json(meta.get("attributes", {}).get(MANIFEST_ATTR),
                                            self.url)
         self._metas: dict[str, Any] = (meta.get("consolidated_metadata") or {}).get(
@@ -75,13 +75,6 @@ class WindowReader:
         self._group: Any = None
         self._pid = os.getpid()
         return self
-
-    def _root_meta(self) -> dict[str, Any]:
-        if self.origin_fs is None:
-            return read_root_metadata(self.url, self.storage_options)
-        import json
-
-        return json.loads(Origin(self.url, fs=self.origin_fs).read("zarr.json"))
 
     def _fetch_mode(self, resolved: ResolvedCache | None) -> str:
         mode = resolved.fetch if resolved else "range"

@@ -40,9 +40,10 @@ def range_suffix(byte_range: ByteRequest | None) -> str:
     raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
 
 
-def read_root_metadata(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+def read_root_metadata(url: str, storage_options: dict[str, Any] | None,
+                       fs: Any = None) -> dict[str, Any]:
     """The root ``zarr.json`` of a store (one read; holds consolidated metadata)."""
-    origin = Origin(url, storage_options)
+    origin = Origin(url, storage_options, fs=fs)
     try:
         return json.loads(origin.read("zarr.json"))
     except FileNotFoundError:

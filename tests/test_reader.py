@@ -200,3 +200,19 @@ def test_corrupt_decoded_shards_are_dropped_and_rebuilt(small_store, tmp_path):
     for a, b in [(0, 16000), (0, wav.shape[1]), (16000, 48000)]:
         np.testing.assert_array_equal(fresh.read(item, {"wav": Span(a, b)})["wav"], wav[:, a:b])
     assert zstore.cache_stats(cfg)["ram"]["corrupt"] >= 1
+
+
+def test_shards_larger_than_the_ram_budget_read_only_the_window(small_store, tmp_path):
+    fs = ModelledFileSystem()
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="1MB", ssd_dir=None,
+                             fetch="range")
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    root = zarr.open_group(small_store, mode="r")
+    item = max(root.group_keys(), key=lambda k: root[f"{k}/wav"].nbytes)
+    wav = root[f"{item}/wav"]
+    assert wav.nbytes > 1_000_000  # its decoded shard cannot fit
+    fs.reset_counts()
+    got = reader.read(item, {"wav": Span(16000, 32000)})["wav"]
+    np.testing.assert_array_equal(got, wav[:, 16000:32000])
+    assert fs.requests == 2  # the index and one chunk, not the whole shard
+    assert zstore.cache_stats(cfg)["ram"]["bypassed"] == 0

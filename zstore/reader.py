@@ -72,6 +72,7 @@ class WindowReader:
         self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, Checked, str, int]] = \
             OrderedDict()
         self._hits_since_check = 0
+        self._fits: dict[str, bool] = {}
         self._group: Any = None
         self._pid = os.getpid()
         return self
@@ -122,10 +123,22 @@ class WindowReader:
             else:
                 plan.append((name, layout, span))
         if plan:
-            pieces = self._shards(plan) if self._decoded else self._chunks(plan)
+            # Decoded shards for the fields whose shards fit the RAM tier; the others
+            # (or all, without a decoded RAM tier) read just the window's chunks.
+            whole = [p for p in plan if self._decoded and self._shard_fits(p[1])]
+            pieces = self._shards(whole) if whole else {}
+            if len(whole) < len(plan):
+                pieces.update(self._chunks([p for p in plan if p not in whole]))
             for name, layout, span in plan:
                 out[name] = _assemble(layout, span, pieces)
         return out
+
+    def _shard_fits(self, layout: ArrayLayout) -> bool:
+        fits = self._fits.get(layout.path)
+        if fits is None:
+            nbytes = int(np.prod(_shard_shape(layout, 0))) * layout.dtype.itemsize
+            fits = self._fits[layout.path] = self.tiers.ram.fits(nbytes)  # type: ignore
+        return fits
 
     def _chunks(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
         need = [(layout, k) for _, layout, span in plan

@@ -22,7 +22,8 @@ import diskcache
 import numpy as np
 
 from zstore.cache.stats import Stats
-from zstore.cache.value import Checked, Parts, header, open_value, unpack
+from zstore.cache.value import (BLOCK, HEADER_SIZE, Checked, Parts, header, open_value,
+                                unpack)
 
 PAGE = 4096
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
@@ -224,6 +225,11 @@ class Tier:
         except Exception as e:
             self._warn("dropping a corrupt value failed", e)
         return None
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""
+        return rounded(nbytes + HEADER_SIZE + 4 * (nbytes // BLOCK + 1)) + self.reserve \
+            <= self.budget
 
     def put(self, key: str, payload: bytes | memoryview | np.ndarray, *,
             blocked: bool = False) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import zarr
@@ -216,3 +218,21 @@ def test_shards_larger_than_the_ram_budget_read_only_the_window(small_store, tmp
     np.testing.assert_array_equal(got, wav[:, 16000:32000])
     assert fs.requests == 2  # the index and one chunk, not the whole shard
     assert zstore.cache_stats(cfg)["ram"]["bypassed"] == 0
+
+
+def test_maps_of_shards_evicted_elsewhere_are_dropped(small_store, tmp_path):
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ssd_dir=None)
+    root = zarr.open_group(small_store, mode="r")
+    items = sorted(root.group_keys())
+    a, b = WindowReader(small_store, cache=cfg), WindowReader(small_store, cache=cfg)
+    for _ in range(2):  # the second read maps what the first built
+        a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
+    assert {k[0] for k in a._maps} == {f"{items[0]}/act", f"{items[0]}/wav"}
+    for item in items[1:]:  # another process fills the tier past its budget
+        b.read(item, {"act": Span(0, 100), "wav": Span(0, 16000)})
+    assert zstore.cache_stats(cfg)["ram"]["evictions"] > 0
+    got = a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
+    np.testing.assert_array_equal(got["wav"], root[f"{items[0]}/wav"][:, :16000])
+    for key, (_, _, path, ino) in a._maps.items():  # every map left is of a live file
+        assert os.stat(path).st_ino == ino
+    assert zstore.cache_stats(cfg)["ram"]["bytes_on_disk"] <= 3_000_000

@@ -195,17 +195,21 @@ def shared_ranks(paths: Paths, windows: list, ranks: int = 4) -> dict[str, Any]:
     for label, n in (("alone", 1), ("shared", ranks)):
         clear_tiers(options)
         ctx = mp.get_context("spawn")
-        barrier, queue = ctx.Barrier(n), ctx.Queue()
+        barrier, queue, release = ctx.Barrier(n), ctx.Queue(), ctx.Event()
         procs = [ctx.Process(target=rank_worker, args=(
             paths, options, windows[r * len(windows) // n:] + windows[:r * len(windows) // n],
-            WINDOW_FRAMES, barrier, queue)) for r in range(n)]
+            WINDOW_FRAMES, barrier, queue, release)) for r in range(n)]
+        tmpfs_before = shutil.disk_usage("/dev/shm").used
         for p in procs:
             p.start()
         reports = [queue.get(timeout=1800) for _ in procs]
+        # tmpfs in use, evicted files still mapped by a rank included, while ranks hold on
+        tmpfs_used = shutil.disk_usage("/dev/shm").used - tmpfs_before
         stats = zstore.cache_stats(zstore_cache(paths, options))
+        release.set()
         for p in procs:
             p.join(timeout=600)
-        out[label] = {"ranks": reports, "stats": stats}
+        out[label] = {"ranks": reports, "stats": stats, "tmpfs_used": tmpfs_used}
     clear_tiers(options)
     return out
 

@@ -46,7 +46,7 @@ def _node_memory(ranks: dict[str, Any]) -> dict[str, float]:
     shared = ranks["shared"]
     private = [r["final"]["Pss"] - r["final"].get("Pss_Shmem", 0) for r in shared["ranks"]]
     base = [r["base"]["Pss"] - r["base"].get("Pss_Shmem", 0) for r in shared["ranks"]]
-    tmpfs = shared["stats"]["ram"].get("bytes_on_disk", 0)
+    tmpfs = max(shared.get("tmpfs_used", 0), shared["stats"]["ram"].get("bytes_on_disk", 0))
     return {"private": sum(private), "tmpfs": tmpfs, "node": sum(private) + tmpfs,
             "base": _median(base), "budget": ranks["ram_budget"], "n": len(private)}
 
@@ -138,7 +138,8 @@ def write_report(results: dict[str, Any], out: str) -> None:
         f"{shared['ram'].get('bytes_on_disk', 0) / MB:,.0f} MB |", "",
         f"Node memory with 4 ranks: {mem['node'] / MB:,.0f} MB = private PSS of the ranks "
         f"({mem['private'] / MB:,.0f} MB, i.e. Pss - Pss_Shmem from /proc/PID/smaps_rollup) + "
-        f"tmpfs used by the RAM tier ({mem['tmpfs'] / MB:,.0f} MB). Per-process base "
+        f"the growth of /dev/shm while the ranks still hold their maps ({mem['tmpfs'] / MB:,.0f} "
+        f"MB: the tier's files plus any evicted file a rank still maps). Per-process base "
         f"(private PSS after import, open and the first 10 windows): "
         f"{mem['base'] / MB:,.0f} MB; it does not grow with the data read (the cache is in "
         "the shared tier, not in the processes).", "",

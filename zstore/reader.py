@@ -29,7 +29,6 @@ from zstore.origin import Origin, is_url
 from zstore.store import CachedStore, read_root_metadata
 
 MAX_MAPS = 4096  # decoded shards a process keeps mapped (vm.max_map_count is ~65k)
-RECHECK_EVERY = 1024  # hits between checks that mapped shards were not evicted
 Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
 
 
@@ -71,7 +70,7 @@ class WindowReader:
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
         self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, Checked, str, int]] = \
             OrderedDict()
-        self._hits_since_check = 0
+        self._evicted_seen = self.tiers.ram.evictions.head() if self._decoded else 0  # type: ignore
         self._fits: dict[str, bool] = {}
         self._group: Any = None
         self._pid = os.getpid()
@@ -190,10 +189,10 @@ class WindowReader:
         entry = self._maps.get((layout.path, s))
         tiers: TieredCache = self.tiers  # type: ignore[assignment]
         if entry is not None:
-            tiers.stats.add("ram_hits")
-            self._hits_since_check += 1
-            if self._hits_since_check >= RECHECK_EVERY:
+            if tiers.ram.evictions.head() != self._evicted_seen:  # type: ignore[union-attr]
                 self._drop_evicted()
+                return self._mapped(layout, s, again)
+            tiers.stats.add("ram_hits")
             return entry[0]
         got = tiers.ram.get_mapped(tiers.key(f"{layout.object_key(s)}#D"),  # type: ignore
                                    count_miss=not again)
@@ -238,18 +237,21 @@ class WindowReader:
                 tiers.ram.put(tiers.key(keys[i]), shard, blocked=True)  # type: ignore
                 found[i] = shard
         release_free_memory()
+        self._drop_evicted()  # including what this build evicted
         return found  # type: ignore[return-value]
 
     def _drop_evicted(self) -> None:
-        """Unmap shards another process evicted, so their tmpfs pages are freed."""
-        self._hits_since_check = 0
-        for key, (_, _, path, ino) in list(self._maps.items()):
-            try:
-                alive = os.stat(path).st_ino == ino
-            except OSError:
-                alive = False
-            if not alive:
-                del self._maps[key]
+        """Unmap shards evicted by any process, so their tmpfs pages are freed."""
+        log = self.tiers.ram.evictions  # type: ignore[union-attr]
+        self._evicted_seen, inodes = log.since(self._evicted_seen)
+        if inodes is None:  # more evictions than the log holds: check every map
+            gone = [k for k, (_, _, path, ino) in self._maps.items() if not _alive(path, ino)]
+        else:
+            evicted = set(inodes)
+            gone = [k for k, entry in self._maps.items() if entry[3] in evicted]
+        for key in gone:
+            del self._maps[key]
+
 
     def _read_with_zarr(self, layout: ArrayLayout, span: Span | None) -> np.ndarray:
         """Fallback: zarr's own indexing on the cached store."""
@@ -270,6 +272,13 @@ class WindowReader:
             widths[layout.time_axis] = (0, span.pad)
             data = np.pad(data, widths)
         return data
+
+
+def _alive(path: str, ino: int) -> bool:
+    try:
+        return os.stat(path).st_ino == ino
+    except OSError:
+        return False
 
 
 def release_free_memory() -> None:

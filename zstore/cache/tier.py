@@ -21,6 +21,7 @@ from typing import Any
 import diskcache
 import numpy as np
 
+from zstore.cache.evictions import EvictionLog
 from zstore.cache.stats import Stats
 from zstore.cache.value import (BLOCK, HEADER_SIZE, Checked, Parts, header, open_value,
                                 unpack)
@@ -80,6 +81,7 @@ class Tier:
         self.budget = int(budget)
         self.reserve = min(2 * 2**20, self.budget // 4)  # SQLite WAL, -shm, directories
         self.stats = stats
+        self.evictions = EvictionLog(directory)
         self._pid = -1
         self._cache: diskcache.Cache | None = None
         self._warned: set[str] = set()
@@ -279,8 +281,14 @@ class Tier:
                 if excess <= 0:
                     break
             sql("DELETE FROM Cache WHERE rowid IN (%s)" % ",".join(str(r) for r, _ in victims))
+            inodes = []
             for _, filename in victims:
+                try:
+                    inodes.append(os.stat(os.path.join(self.directory, filename)).st_ino)
+                except OSError:
+                    pass
                 cleanup(filename)
+            self.evictions.record(inodes)
             self.stats.add(f"{self.name}_evictions", len(victims))
             excess = cache.volume() + need - limit
 
@@ -302,3 +310,4 @@ class Tier:
         if cache is not None:
             cache.clear(retry=True)
             self.sweep(min_age=0)
+            self.evictions.forget_all()

@@ -1,0 +1,70 @@
+"""A node-wide log of evicted value files, so processes unmap them promptly.
+
+Evicting a file that other processes have mapped frees nothing until they unmap it.
+Every eviction appends the file's inode to a ring in ``<tier>/evicted.ring``; a
+reader compares the ring's head with its own position on each hit (one memory read,
+no syscall) and drops the maps of the inodes added since.  Appends happen inside the
+tier's SQLite write transaction, so writers are already serialized.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+SLOTS = 4096
+
+
+class EvictionLog:
+    """The ring of evicted inodes for one tier directory (opened lazily per process)."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, "evicted.ring")
+        self._pid = -1
+        self._ring: np.ndarray | None = None
+
+    def _open(self) -> np.ndarray | None:
+        if self._pid == os.getpid():
+            return self._ring
+        self._pid, self._ring = os.getpid(), None
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            if not os.path.exists(self.path):
+                tmp = f"{self.path}.{os.getpid()}.tmp"
+                np.zeros(SLOTS + 1, dtype=np.int64).tofile(tmp)
+                os.replace(tmp, self.path) if not os.path.exists(self.path) else os.unlink(tmp)
+            self._ring = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(SLOTS + 1,))
+        except (OSError, ValueError):
+            self._ring = None  # without the log, readers fall back to periodic checks
+        return self._ring
+
+    def head(self) -> int:
+        ring = self._open()
+        return int(ring[0]) if ring is not None else 0
+
+    def record(self, inodes: list[int]) -> None:
+        ring = self._open()
+        if ring is None or not inodes:
+            return
+        head = int(ring[0])
+        for ino in inodes:
+            ring[1 + head % SLOTS] = ino
+            head += 1
+        ring[0] = head  # published after the slots
+
+    def forget_all(self) -> None:
+        """Make every reader drop all its maps (after the tier was cleared)."""
+        ring = self._open()
+        if ring is not None:
+            ring[0] = int(ring[0]) + SLOTS + 1
+
+    def since(self, position: int) -> tuple[int, list[int] | None]:
+        """(new position, inodes evicted since ``position``); None: too many, drop all."""
+        ring = self._open()
+        if ring is None:
+            return position, []
+        head = int(ring[0])
+        if head - position > SLOTS or head < position:
+            return head, None
+        return head, [int(ring[1 + i % SLOTS]) for i in range(position, head)]

@@ -236,3 +236,29 @@ def test_maps_of_shards_evicted_elsewhere_are_dropped(small_store, tmp_path):
     for key, (_, _, path, ino) in a._maps.items():  # every map left is of a live file
         assert os.stat(path).st_ino == ino
     assert zstore.cache_stats(cfg)["ram"]["bytes_on_disk"] <= 3_000_000
+
+
+def test_an_idle_process_unmaps_shards_evicted_elsewhere(small_store, tmp_path):
+    import threading
+
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ssd_dir=None)
+    items = sorted(zarr.open_group(small_store, mode="r").group_keys())
+    a, b = WindowReader(small_store, cache=cfg), WindowReader(small_store, cache=cfg)
+    for _ in range(2):
+        a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
+    mapped = set(a._maps)
+    assert mapped
+    for item in items[1:]:
+        b.read(item, {"act": Span(0, 100), "wav": Span(0, 16000)})
+    assert any(t.name == "zstore-unmap" for t in threading.enumerate())
+    # a reads nothing more; its unmapping thread drops what b evicted. Synchronize on its
+    # lock and position in the eviction log, not on time: wait for the thread to catch up.
+    head = a.tiers.ram.evictions.head()
+    done = threading.Event()
+    while not done.wait(0.05):
+        with a._lock:
+            if a._evicted_seen == head:
+                done.set()
+    for key, (_, _, path, ino) in a._maps.items():
+        assert os.stat(path).st_ino == ino
+    assert set(a._maps) < mapped  # what was evicted is no longer mapped

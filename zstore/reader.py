@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+import time
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -29,6 +32,7 @@ from zstore.origin import Origin, is_url
 from zstore.store import CachedStore, read_root_metadata
 
 MAX_MAPS = 4096  # decoded shards a process keeps mapped (vm.max_map_count is ~65k)
+UNMAP_EVERY = 0.2  # seconds between an idle process's checks for evicted shards
 Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
 
 
@@ -71,6 +75,9 @@ class WindowReader:
         self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, Checked, str, int]] = \
             OrderedDict()
         self._evicted_seen = self.tiers.ram.evictions.head() if self._decoded else 0  # type: ignore
+        self._lock = threading.Lock()
+        if self._decoded:
+            _start_unmapper(self)
         self._fits: dict[str, bool] = {}
         self._group: Any = None
         self._pid = os.getpid()
@@ -111,6 +118,10 @@ class WindowReader:
     def read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
         """Read ``spans`` (per field; None = the whole array) of ``item``."""
         self.open()
+        with self._lock:  # the unmapping thread edits the maps between reads
+            return self._read(item, spans)
+
+    def _read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         plan: list[tuple[str, ArrayLayout, Span]] = []
         for name, span in spans.items():
@@ -272,6 +283,27 @@ class WindowReader:
             widths[layout.time_axis] = (0, span.pad)
             data = np.pad(data, widths)
         return data
+
+
+def _start_unmapper(reader: WindowReader) -> None:
+    """A daemon thread that drops the maps of shards other processes evicted, so an idle
+    process (a worker between epochs) does not keep their tmpfs pages alive."""
+    ref = weakref.ref(reader)
+    pid = os.getpid()
+
+    def loop() -> None:
+        while True:
+            time.sleep(UNMAP_EVERY)
+            current = ref()
+            if current is None or current._pid != pid:
+                return
+            log = current.tiers.ram.evictions  # type: ignore[union-attr]
+            if log.head() != current._evicted_seen:
+                with current._lock:
+                    current._drop_evicted()
+            del current
+
+    threading.Thread(target=loop, name="zstore-unmap", daemon=True).start()
 
 
 def _alive(path: str, ino: int) -> bool:

@@ -179,15 +179,17 @@ def rank_worker(paths: Paths, options: dict[str, Any], windows: list[tuple[int, 
 
     contender = Contender("rank", "zstore", options)
     contender.open(paths)
+    gc.collect()
+    opened = smaps()
     barrier.wait()
     t0 = time.perf_counter()
     for n, (index, item, start) in enumerate(windows):
         contender.read(paths, index, item, start, frames)
-        if n == 9:  # the per-process base: imports, open handles, working buffers
+        if n == 49:  # the per-process base, warmed up: imports, handles, working buffers
             gc.collect()
             base = smaps()
     seconds = time.perf_counter() - t0
     gc.collect()
     queue.put({"pid": os.getpid(), "windows": len(windows), "seconds": seconds,
-               "base": base, "final": smaps()})
+               "opened": opened, "base": base, "final": smaps()})
     release.wait(600)  # keep the maps alive until the node has been measured

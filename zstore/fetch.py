@@ -16,10 +16,9 @@ from zstore.cache.tiers import TieredCache
 from zstore.decode import EMPTY, decode_chunk, decode_index, fill_chunk
 from zstore.errors import IntegrityError
 from zstore.layout import ArrayLayout
-from zstore.origin import Origin, describe
+from zstore.origin import Origin, Request, describe
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
-Request = tuple[str, "int | None", "int | None"]
 
 
 class ChunkSource:

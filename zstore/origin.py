@@ -139,14 +139,6 @@ class Origin:
         self.__init__(state["url"], state["storage_options"], max_requests=state["max_requests"],
                       retry=state["retry"], fs=state["fs"])
 
-    @property
-    def kind(self) -> str:
-        """``"local"`` for paths (local disk or NFS), else the fsspec protocol."""
-        if self._fs_given is not None:
-            proto = self._fs_given.protocol
-            return proto[0] if isinstance(proto, (tuple, list)) else proto
-        return self.url.split("://", 1)[0] if is_url(self.url) else "local"
-
     def _open(self) -> None:
         if self._pid == os.getpid():
             return
@@ -212,23 +204,3 @@ class Origin:
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.max_requests, thread_name_prefix="zstore")
         return list(self._pool.map(lambda r: self.read(*r), requests))
-
-    def exists(self, key: str) -> bool:
-        self._open()
-        if self._fs is None:
-            return os.path.isfile(os.path.join(self._root, key))
-        return bool(self._fs.exists(f"{self._root}/{key}"))
-
-    def list(self, prefix: str = "") -> list[str]:
-        """Every key under ``prefix``."""
-        self._open()
-        if self._fs is None:
-            base = os.path.join(self._root, prefix)
-            found = []
-            for dirpath, _, files in os.walk(base):
-                rel = os.path.relpath(dirpath, self._root)
-                found += [f if rel == "." else f"{rel}/{f}".replace(os.sep, "/") for f in files]
-            return sorted(found)
-        root = self._fs._strip_protocol(self._root)
-        paths = self._fs.find(f"{self._root}/{prefix}".rstrip("/"))
-        return sorted(p[len(root):].lstrip("/") for p in paths)

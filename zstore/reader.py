@@ -13,6 +13,7 @@ Layouts the reader does not handle go through zarr's own indexing.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import threading
 import time
@@ -100,8 +101,6 @@ class WindowReader:
             path = f"{item}/{name}"
             meta = self._metas.get(path)
             if meta is None:
-                import json
-
                 try:
                     key = f"{path}/zarr.json"
                     raw = self.tiers.get(key, lambda: self.origin.read(key)) \
@@ -147,7 +146,8 @@ class WindowReader:
         fits = self._fits.get(layout.path)
         if fits is None:
             nbytes = int(np.prod(_shard_shape(layout, 0))) * layout.dtype.itemsize
-            fits = self._fits[layout.path] = self.tiers.ram.fits(nbytes)  # type: ignore
+            fits = self._fits[layout.path] = self.tiers.ram.fits(  # type: ignore[union-attr]
+                nbytes, blocked=True)
         return fits
 
     def _chunks(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:

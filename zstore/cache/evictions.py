@@ -36,7 +36,7 @@ class EvictionLog:
                 os.replace(tmp, self.path) if not os.path.exists(self.path) else os.unlink(tmp)
             self._ring = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(SLOTS + 1,))
         except (OSError, ValueError):
-            self._ring = None  # without the log, readers fall back to periodic checks
+            self._ring = None  # without the log, evicted maps go when the map LRU drops them
         return self._ring
 
     def head(self) -> int:

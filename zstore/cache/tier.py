@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 import time
 import warnings
 from typing import Any
@@ -23,8 +22,7 @@ import numpy as np
 
 from zstore.cache.evictions import EvictionLog
 from zstore.cache.stats import Stats
-from zstore.cache.value import (BLOCK, HEADER_SIZE, Checked, Parts, header, open_value,
-                                unpack)
+from zstore.cache.value import Checked, Parts, header, header_size, open_value, unpack
 
 PAGE = 4096
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
@@ -216,21 +214,21 @@ class Tier:
         """Remove a value found corrupt by a lazy check, so it is rebuilt."""
         cache = self._open()
         if cache is not None:
-            self._corrupt(cache, key)
-            self.stats.add(f"{self.name}_misses", -1)
+            self._corrupt(cache, key, count_miss=False)
 
-    def _corrupt(self, cache: diskcache.Cache, key: str) -> None:
+    def _corrupt(self, cache: diskcache.Cache, key: str, *, count_miss: bool = True) -> None:
         self.stats.add(f"{self.name}_corrupt")
-        self.stats.add(f"{self.name}_misses")
+        if count_miss:  # a value found bad on lookup is a miss; one dropped later was a hit
+            self.stats.add(f"{self.name}_misses")
         try:
             cache.delete(key, retry=True)
         except Exception as e:
             self._warn("dropping a corrupt value failed", e)
         return None
 
-    def fits(self, nbytes: int) -> bool:
+    def fits(self, nbytes: int, *, blocked: bool = False) -> bool:
         """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""
-        return rounded(nbytes + HEADER_SIZE + 4 * (nbytes // BLOCK + 1)) + self.reserve \
+        return rounded(header_size(nbytes, blocked=blocked) + nbytes) + self.reserve \
             <= self.budget
 
     def put(self, key: str, payload: bytes | memoryview | np.ndarray, *,
@@ -244,11 +242,11 @@ class Tier:
             return False
         if isinstance(payload, np.ndarray):
             payload = memoryview(np.ascontiguousarray(payload)).cast("B")
-        head = header(payload, blocked=blocked)
-        need = rounded(len(head) + len(payload))
-        if need + self.reserve > self.budget:
+        if not self.fits(len(payload), blocked=blocked):
             self.stats.add(f"{self.name}_bypassed")
             return False
+        head = header(payload, blocked=blocked)
+        need = rounded(len(head) + len(payload))
         disk: _Disk = cache.disk
         try:
             with cache._transact(retry=True) as (sql, cleanup):

@@ -12,14 +12,10 @@ from zstore.cache.tier import Tier
 from zstore.config import CacheConfig, ResolvedCache
 
 
-def stats_dir(config: ResolvedCache) -> str | None:
+def node_dir(config: ResolvedCache, name: str) -> str | None:
+    """A directory every process on the node shares: under the RAM tier, else the SSD tier."""
     base = config.ram_dir or config.ssd_dir
-    return os.path.join(base, "stats") if base else None
-
-
-def locks_dir(config: ResolvedCache) -> str | None:
-    base = config.ram_dir or config.ssd_dir
-    return os.path.join(base, "locks") if base else None
+    return os.path.join(base, name) if base else None
 
 
 class TieredCache:
@@ -34,12 +30,12 @@ class TieredCache:
     def __init__(self, config: ResolvedCache, namespace: str):
         self.config = config
         self.namespace = namespace
-        self.stats = Stats(stats_dir(config))
+        self.stats = Stats(node_dir(config, "stats"))
         self.ram = Tier("ram", config.ram_dir, config.ram_bytes, self.stats) \
             if config.ram_dir and config.ram_bytes else None
         self.ssd = Tier("ssd", config.ssd_dir, config.ssd_bytes, self.stats) \
             if config.ssd_dir and config.ssd_bytes else None
-        lock_dir = locks_dir(config)
+        lock_dir = node_dir(config, "locks")
         self.fill_locks = StripedLocks(lock_dir, "e") if lock_dir else None
         self.decode_locks = StripedLocks(lock_dir, "d") if lock_dir else None
 
@@ -125,7 +121,7 @@ def cache_stats(cache: CacheConfig | None = None) -> dict[str, Any]:
     """Hits, misses, evictions and bytes per tier, summed over every process on the node."""
     config = (cache or CacheConfig()).resolved()
     usage = {t.name: t.usage() for t in _tiers(config)}
-    result = summarize(read_stats(stats_dir(config)), usage)
+    result = summarize(read_stats(node_dir(config, "stats")), usage)
     result["config"] = {"ram_dir": config.ram_dir, "ram_bytes": config.ram_bytes,
                         "ssd_dir": config.ssd_dir, "ssd_bytes": config.ssd_bytes,
                         "ram_format": config.ram_format}
@@ -137,7 +133,7 @@ def clear_cache(cache: CacheConfig | None = None) -> None:
     config = (cache or CacheConfig()).resolved()
     for tier in _tiers(config):
         tier.clear()
-    directory = stats_dir(config)
+    directory = node_dir(config, "stats")
     if directory and os.path.isdir(directory):
         for name in os.listdir(directory):
             if name.endswith(".bin"):

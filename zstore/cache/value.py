@@ -26,6 +26,11 @@ def _align(n: int) -> int:
     return -(-n // HEADER_SIZE) * HEADER_SIZE
 
 
+def header_size(nbytes: int, *, blocked: bool = False) -> int:
+    """Bytes that :func:`header` puts before a payload of ``nbytes``."""
+    return _align(HEADER_SIZE + 4 * -(-nbytes // BLOCK)) if blocked else HEADER_SIZE
+
+
 def header(payload: bytes | memoryview, *, blocked: bool = False) -> bytes:
     """Everything that precedes ``payload`` in the stored value."""
     if not blocked:

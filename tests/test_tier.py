@@ -50,6 +50,29 @@ def test_bytes_on_disk_stay_within_budget(tmp_path):
     assert counts["ram_evictions"] == 60 - usage["entries"]
 
 
+def test_evictions_are_logged_after_their_files_are_gone(tmp_path):
+    # A reader whose SQLite snapshot predates an eviction can still open the evicted file
+    # until it is unlinked; it unmaps it when it finds the inode in the eviction log, so
+    # the log may only advance once the files are gone (else the map outlives the budget).
+    directory = tmp_path / "t"
+    tier = Tier("ram", str(directory), 3 * 2**20, Stats(str(tmp_path / "stats")))
+    logged: list[int] = []
+    record = tier.evictions.record
+
+    def record_checked(inodes: list[int]) -> None:
+        alive = {p.stat().st_ino for p in directory.rglob("*.val")}
+        assert not alive & set(inodes), "eviction logged before its file was unlinked"
+        logged.extend(inodes)
+        record(inodes)
+
+    tier.evictions.record = record_checked  # type: ignore[method-assign]
+    for key, value in values(40, 150_000).items():
+        assert tier.put(key, value)
+    counts = zstore.cache.stats.read_stats(str(tmp_path / "stats"))
+    assert counts["ram_evictions"] > 0 and len(logged) == counts["ram_evictions"]
+    assert tier.evictions.since(0) == (len(logged), logged)
+
+
 def test_value_larger_than_budget_bypasses(tmp_path):
     # A tier's index (SQLite db, -wal, -shm) needs ~0.1-0.4 MiB, so 1 MiB is about the
     # smallest useful budget; a value larger than the budget skips the tier entirely.

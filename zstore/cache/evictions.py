@@ -3,12 +3,14 @@
 Evicting a file that other processes have mapped frees nothing until they unmap it.
 Every eviction appends the file's inode to a ring in ``<tier>/evicted.ring``; a
 reader compares the ring's head with its own position on each hit (one memory read,
-no syscall) and drops the maps of the inodes added since.  Appends happen inside the
-tier's SQLite write transaction, so writers are already serialized.
+no syscall) and drops the maps of the inodes added since.  An eviction is appended
+after its files are unlinked (so a reader that mapped one of them before the unlink
+finds it in the log afterwards); appends are serialized by an flock on the ring file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import numpy as np
@@ -47,17 +49,21 @@ class EvictionLog:
         ring = self._open()
         if ring is None or not inodes:
             return
-        head = int(ring[0])
-        for ino in inodes:
-            ring[1 + head % SLOTS] = ino
-            head += 1
-        ring[0] = head  # published after the slots
+        with open(self.path, "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+            head = int(ring[0])
+            for ino in inodes:
+                ring[1 + head % SLOTS] = ino
+                head += 1
+            ring[0] = head  # published after the slots
 
     def forget_all(self) -> None:
         """Make every reader drop all its maps (after the tier was cleared)."""
         ring = self._open()
         if ring is not None:
-            ring[0] = int(ring[0]) + SLOTS + 1
+            with open(self.path, "rb") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                ring[0] = int(ring[0]) + SLOTS + 1
 
     def since(self, position: int) -> tuple[int, list[int] | None]:
         """(new position, inodes evicted since ``position``); None: too many, drop all."""

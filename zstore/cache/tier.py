@@ -248,10 +248,15 @@ class Tier:
         head = header(payload, blocked=blocked)
         need = rounded(len(head) + len(payload))
         disk: _Disk = cache.disk
+        evicted: list[int] = []
         try:
             with cache._transact(retry=True) as (sql, cleanup):
-                self._make_room(cache, sql, cleanup, need)
+                evicted = self._make_room(cache, sql, cleanup, need)
                 cache.set(key, Parts(head, payload), read=True, retry=True)
+            # Logged once committed and unlinked, not before: a reader whose snapshot
+            # predates the commit may still open an evicted file until it is unlinked,
+            # and it must see that file's inode in the log after it has mapped it.
+            self.evictions.record(evicted)
         except Exception as e:  # full disk, deleted or read-only directory
             if disk.last_path:
                 try:
@@ -264,14 +269,17 @@ class Tier:
         self.stats.add(f"{self.name}_fill_bytes", len(head) + len(payload))
         return True
 
-    def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int) -> None:
+    def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int
+                   ) -> list[int]:
+        """Delete the oldest-stored values until ``need`` more bytes fit; their inodes."""
         limit = self.budget - self.reserve
         excess = cache.volume() + need - limit
+        inodes: list[int] = []
         while excess > 0:
             rows = sql("SELECT rowid, filename, size FROM Cache ORDER BY store_time LIMIT 64"
                        ).fetchall()
             if not rows:
-                return
+                break
             victims = []
             for rowid, filename, size in rows:
                 victims.append((rowid, filename))
@@ -279,16 +287,15 @@ class Tier:
                 if excess <= 0:
                     break
             sql("DELETE FROM Cache WHERE rowid IN (%s)" % ",".join(str(r) for r, _ in victims))
-            inodes = []
             for _, filename in victims:
                 try:
                     inodes.append(os.stat(os.path.join(self.directory, filename)).st_ino)
                 except OSError:
                     pass
                 cleanup(filename)
-            self.evictions.record(inodes)
             self.stats.add(f"{self.name}_evictions", len(victims))
             excess = cache.volume() + need - limit
+        return inodes
 
     def usage(self) -> dict[str, int]:
         """Bytes the tier occupies on disk (values, index, WAL) and its entry count."""

@@ -9,6 +9,7 @@ chunks go into the tiers.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -54,6 +55,15 @@ class ChunkSource:
 
     def chunks(self, need: list[tuple[ArrayLayout, int]], *, ram: bool) -> list[np.ndarray]:
         """Decoded chunks for (layout, chunk number) pairs; ``ram``: keep encoded bytes in RAM."""
+        return list(self.iter_chunks(need, ram=ram))
+
+    def iter_chunks(self, need: list[tuple[ArrayLayout, int]], *, ram: bool
+                    ) -> Iterator[np.ndarray]:
+        """Like :meth:`chunks`, but each chunk is decoded when the caller asks for it.
+
+        The bytes are fetched in one batch first (one concurrent origin round); decoding
+        one chunk at a time keeps a single decoded chunk alive instead of a whole shard's.
+        """
         indexes = self.index([(layout, k // layout.chunks_per_shard)
                               for layout, k in need if layout.sharded])
         keys, requests, slots = [], [], []
@@ -76,17 +86,23 @@ class ChunkSource:
         layouts = {layout.object_key(k // layout.chunks_per_shard): layout
                    for layout, k in need if layout.sharded}
         values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
-        for i, request, data in zip(slots, requests, values):
-            layout = need[i][0]
-            where = f"{self.url}: {describe(*request)}"
-            if data is None:  # an unsharded chunk the store never wrote
-                result[i] = fill_chunk(layout)
+        fetched = {i: (request, data) for i, request, data in zip(slots, requests, values)}
+        del values
+        for i, (layout, _) in enumerate(need):
+            if i not in fetched:
+                yield result[i]  # type: ignore[misc]
                 continue
+            request, data = fetched.pop(i)  # its bytes are freed once decoded
+            if data is None:  # an unsharded chunk the store never wrote
+                yield fill_chunk(layout)
+                continue
+            where = f"{self.url}: {describe(*request)}"
             try:
-                result[i] = decode_chunk(layout, data, where)
+                chunk = decode_chunk(layout, data, where)
             except IntegrityError:  # refetch once from the origin, past the tiers
-                result[i] = decode_chunk(layout, self.origin.read(*request), where)
-        return result  # type: ignore[return-value]
+                chunk = decode_chunk(layout, self.origin.read(*request), where)
+            del data
+            yield chunk
 
     def fetch_many(self, keys: list[str], requests: list[Request], *, ram: bool,
                    layouts: dict[str, ArrayLayout]) -> list[bytes | None]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from zstore.origin import Origin, is_url
 from zstore.store import CachedStore, read_root_metadata
 
 MAX_MAPS = 4096  # decoded shards a process keeps mapped (vm.max_map_count is ~65k)
+SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
 UNMAP_EVERY = 0.2  # seconds between an idle process's checks for evicted shards
 Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
 
@@ -239,14 +241,15 @@ class WindowReader:
                 layout, s = missing[i]
                 last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
                 need += [(layout, k) for k in range(s * layout.chunks_per_shard, last)]
-            chunks = iter(self.source.chunks(need, ram=False)) if need else iter(())
+            chunks = self.source.iter_chunks(need, ram=False) if need else iter(())
             for i in todo:
                 layout, s = missing[i]
-                shard = np.empty(_shard_shape(layout, s), dtype=layout.dtype)
+                shard = _scratch(_shard_shape(layout, s), layout.dtype)
                 for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
                     _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
                 tiers.ram.put(tiers.key(keys[i]), shard, blocked=True)  # type: ignore
                 found[i] = shard
+            del chunks  # the fetched bytes go with it, before the heap is trimmed
         release_free_memory()
         self._drop_evicted()  # including what this build evicted
         return found  # type: ignore[return-value]
@@ -327,6 +330,23 @@ def release_free_memory() -> None:
 
 
 _malloc_trim: Any = None
+
+
+def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array for a decoded shard; a large one gets its own anonymous mapping, returned
+    to the OS as soon as the array is freed.
+
+    A decoded shard (tens of MB) lives only until it is in the RAM tier and the window
+    is copied out.  Taken from malloc, freeing it would raise glibc's dynamic mmap
+    threshold to its size; from then on shard-sized temporaries would come from the
+    heap, which keeps freed pages, and each process would hold tens of MB that the
+    shared tier exists to save (measured, see docs/benchmarks.md).
+    """
+    count = int(np.prod(shape))
+    if count * dtype.itemsize < SCRATCH_MMAP:
+        return np.empty(shape, dtype=dtype)
+    buf = mmap.mmap(-1, count * dtype.itemsize)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
 def _shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:

@@ -50,12 +50,12 @@ class Parts(io.RawIOBase):
     def __init__(self, *parts: bytes | memoryview):
         self._parts = [memoryview(p).cast("B") for p in parts if len(p)]
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1) -> bytes | memoryview:  # type: ignore[override]
         if not self._parts:
             return b""
         part = self._parts[0]
         n = len(part) if n is None or n < 0 else n
-        out, self._parts[0] = bytes(part[:n]), part[n:]
+        out, self._parts[0] = part[:n], part[n:]
         if not len(self._parts[0]):
             self._parts.pop(0)
         return out

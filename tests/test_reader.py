@@ -9,6 +9,8 @@ import pytest
 import zarr
 
 import zstore
+import zstore.fetch
+from zstore.fetch import COALESCE_BYTES, coalesce
 from zstore.layout import MANIFEST_ATTR, Span
 from zstore.reader import WindowReader
 from zstore.testing import ModelledFileSystem
@@ -117,10 +119,11 @@ def test_window_is_one_batch_of_origin_requests(small_store, tmp_path):
     fs.reset_counts()
     a = 150
     reader.read("utt000002", {"act": Span(a, a + 200), "wav": Span(a * 160, (a + 200) * 160)})
-    # 2 shard indexes together, then the 3 one-second chunks of each array together
+    # 2 shard indexes together, then the 3 one-second chunks of each array together, as
+    # one merged byte range per array (they lie next to each other in the shard)
     first = fs.requests
-    assert first == 2 + 3 + 3
-    assert fs.max_in_flight >= 3
+    assert first == 2 + 1 + 1
+    assert fs.max_in_flight >= 2
     reader.read("utt000002", {"act": Span(a, a + 200), "wav": Span(a * 160, (a + 200) * 160)})
     assert fs.requests == first  # all from the tiers now
 
@@ -139,7 +142,8 @@ def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
 
 
 @pytest.mark.parametrize("fetch", ["range", "shard"])
-def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch):
+def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch, monkeypatch):
+    monkeypatch.setattr(zstore.fetch, "COALESCE_BYTES", 2**30)  # one range per shard
     fs = ModelledFileSystem()
     cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
                              ssd_bytes="64MB", fetch=fetch)
@@ -153,13 +157,55 @@ def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch):
     n_chunks = -(-plain.shape[1] // 16000)
     if fetch == "shard":
         assert fs.requests == 1  # the whole shard once; every chunk then from the tiers
-        assert fs.bytes == (reader.origin.url and __import__("os").path.getsize(
-            f"{small_store}/utt000004/wav/c/0/0"))
-    else:
-        assert fs.requests == 1 + n_chunks  # the index, then each chunk's byte range
+        assert fs.bytes == os.path.getsize(f"{small_store}/utt000004/wav/c/0/0")
+    else:  # the index, then the shard's chunks (the decoded RAM tier builds the whole
+        # shard on first touch) as one merged range instead of one request per chunk
+        assert n_chunks > 2 and fs.requests == 1 + 1
 
 
-def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path):
+def test_coalesce_merges_adjacent_ranges_up_to_the_limit():
+    requests = [("a", 100, 200), ("a", 0, 100), ("b", 0, 50), ("a", 200, 350),
+                ("a", 400, 450), ("a", -16, None), ("c", None, None)]
+    merged, parts = coalesce(requests, 300)
+    assert merged == [("a", 0, 200), ("a", 200, 350), ("a", 400, 450), ("b", 0, 50),
+                      ("a", -16, None), ("c", None, None)]
+    assert parts == [(0, 100, 100), (0, 0, 100), (3, 0, 50), (1, 0, 150), (2, 0, 50),
+                     (4, 0, None), (5, 0, None)]
+    objects = {"a": bytes(range(256)) * 2, "b": b"b" * 64, "c": b"c" * 8}
+
+    def read(key, start, stop):
+        data = objects[key]
+        return data[start:] if stop is None else data[start:stop]
+
+    datas = [read(*r) for r in merged]
+    for r, (m, offset, n) in zip(requests, parts):
+        got = datas[m] if n is None else datas[m][offset:offset + n]
+        assert got == read(*r)
+
+
+def test_coalescing_limit_splits_ranges_same_data(small_store, tmp_path, monkeypatch):
+    fs = ModelledFileSystem()
+    plain = zarr.open_group(small_store, mode="r")["utt000004/wav"]
+    n_chunks = -(-plain.shape[1] // 16000)
+    shard_bytes = os.path.getsize(f"{small_store}/utt000004/wav/c/0/0")
+    for limit in (1, 256 * 1024, COALESCE_BYTES, 2**30):
+        monkeypatch.setattr(zstore.fetch, "COALESCE_BYTES", limit)
+        reader = WindowReader(small_store, origin_fs=fs).open()  # no tiers: all from origin
+        fs.reset_counts()
+        got = reader.read("utt000004", {"wav": Span(0, plain.shape[1])})["wav"]
+        np.testing.assert_array_equal(got, plain[...])
+        assert fs.bytes == shard_bytes  # the same bytes, in fewer requests
+        ranges = fs.requests - 1  # after the index
+        if limit == 1:
+            assert ranges == n_chunks
+        elif limit >= shard_bytes:
+            assert ranges == 1
+        else:
+            assert -(-shard_bytes // limit) <= ranges < n_chunks
+
+
+def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path, monkeypatch):
+    monkeypatch.setattr(zstore.fetch, "COALESCE_BYTES", 2**30)  # one range per shard
     fs = ModelledFileSystem(latency=0.05)  # requests overlap, even on a loaded machine
     cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
                              ssd_bytes="64MB", fetch="range")
@@ -168,9 +214,9 @@ def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path):
     wav, act = root["utt000005/wav"], root["utt000005/act"]
     fs.reset_counts()
     got = reader.read("utt000005", {"wav": Span(16000, 48000), "act": Span(100, 300)})
-    chunks = -(-wav.shape[1] // 16000) + -(-act.shape[1] // 100)
-    assert fs.requests == 2 + chunks  # both indexes, then every chunk of both shards
-    assert fs.max_in_flight >= 3
+    # both indexes, then all the chunks of each shard as one merged range per shard
+    assert fs.requests == 2 + 2
+    assert fs.max_in_flight >= 2
     np.testing.assert_array_equal(got["wav"], wav[:, 16000:48000])
     other = WindowReader(small_store, cache=cfg, origin_fs=fs).open()  # as another process
     fs.reset_counts()

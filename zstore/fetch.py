@@ -20,6 +20,7 @@ from zstore.layout import ArrayLayout
 from zstore.origin import Origin, Request, describe
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
+COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size
 
 
 class ChunkSource:
@@ -146,20 +147,52 @@ class ChunkSource:
                 self.tiers.fill(f"{obj}#r{start}-{stop}", data[start:stop],
                                 ram=not self.tiers.decoded)
 
-    def _read(self, requests: list[Request]) -> list[bytes | None]:
+    def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:
+        merged, parts = coalesce(requests, COALESCE_BYTES)
         try:
-            datas: list[bytes | None] = list(self.origin.read_many(requests))
+            datas: list[bytes | None] = list(self.origin.read_many(merged))
         except FileNotFoundError:  # some object is missing: find which, one by one
             datas = []
-            for r in requests:
+            for r in merged:
                 try:
                     datas.append(self.origin.read(*r))
                 except FileNotFoundError:
                     datas.append(None)
         if self.tiers is not None:
-            self.tiers.stats.add("origin_requests", len(requests))
+            self.tiers.stats.add("origin_requests", len(merged))
             self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas if d is not None))
-        return datas
+        return [datas[m] if n is None or datas[m] is None
+                else memoryview(datas[m])[offset:offset + n]  # type: ignore[index]
+                for m, offset, n in parts]
+
+
+def coalesce(requests: list[Request], limit: int
+             ) -> tuple[list[Request], list[tuple[int, int, int | None]]]:
+    """Merge byte ranges of one object that touch into requests of up to ``limit`` bytes.
+
+    A window's chunks lie next to each other in their shard, so its ~10 ranges per
+    array become a few requests: fewer round trips and per-request costs (S3 bills
+    each GET), the same bytes.  Returns the requests to make and, per given request,
+    (index of the request that holds it, offset in it, length; None = all of it).
+    Suffix and whole-object requests pass through unmerged.
+    """
+    merged: list[Request] = []
+    parts: list[tuple[int, int, int | None]] = [(0, 0, None)] * len(requests)
+    ranged = sorted((r[0], r[1], r[2], i) for i, r in enumerate(requests)
+                    if r[1] is not None and r[1] >= 0 and r[2] is not None)
+    for key, start, stop, i in ranged:
+        last = merged[-1] if merged else None
+        if last is not None and last[0] == key and last[1] is not None and \
+                last[2] == start and stop - last[1] <= limit:
+            merged[-1] = (key, last[1], stop)
+        else:
+            merged.append((key, start, stop))
+        parts[i] = (len(merged) - 1, start - merged[-1][1], stop - start)  # type: ignore
+    for i, r in enumerate(requests):
+        if not (r[1] is not None and r[1] >= 0 and r[2] is not None):
+            merged.append(r)
+            parts[i] = (len(merged) - 1, 0, None)
+    return merged, parts
 
 
 def _slice(data: bytes, start: int | None, stop: int | None) -> bytes:

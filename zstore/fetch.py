@@ -106,14 +106,14 @@ class ChunkSource:
             yield chunk
 
     def fetch_many(self, keys: list[str], requests: list[Request], *, ram: bool,
-                   layouts: dict[str, ArrayLayout]) -> list[bytes | None]:
+                   layouts: dict[str, ArrayLayout]) -> list[bytes | memoryview | None]:
         """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
 
         None stands for an object missing at the origin (a chunk never written).
         """
         by_key = dict(zip(keys, requests))
 
-        def fetch(miss: list[str]) -> list[bytes | None]:
+        def fetch(miss: list[str]) -> list[bytes | memoryview | None]:
             return self._from_origin([by_key[k] for k in miss], layouts)
 
         if self.tiers is None:
@@ -121,7 +121,7 @@ class ChunkSource:
         return self.tiers.get_many(keys, fetch, ram=ram)
 
     def _from_origin(self, requests: list[Request],
-                     layouts: dict[str, ArrayLayout]) -> list[bytes | None]:
+                     layouts: dict[str, ArrayLayout]) -> list[bytes | memoryview | None]:
         if self.fetch != "shard":
             return self._read(requests)
         objects = sorted({r[0] for r in requests})

@@ -74,14 +74,14 @@ class TieredCache:
         return self.get_many([key], lambda _: [fetch()], ram=ram)[0]  # type: ignore[return-value]
 
     def get_many(self, keys: Sequence[str],
-                 fetch_many: Callable[[list[str]], list[bytes | None]], *,
-                 ram: bool = True) -> list[bytes | None]:
+                 fetch_many: Callable[[list[str]], list[bytes | memoryview | None]], *,
+                 ram: bool = True) -> list[bytes | memoryview | None]:
         """Like :meth:`get` for many keys; the misses are fetched in one call.
 
         ``fetch_many`` returns None for a key missing at the origin; that is
         passed on and never cached.
         """
-        values: list[bytes | None] = [self.lookup(k, ram=ram) for k in keys]
+        values: list[bytes | memoryview | None] = [self.lookup(k, ram=ram) for k in keys]
         missing = [i for i, v in enumerate(values) if v is None]
         if not missing or self.fill_locks is None:
             return self._fetch_into(keys, values, missing, fetch_many, ram)
@@ -92,9 +92,10 @@ class TieredCache:
             missing = [i for i in missing if values[i] is None]
             return self._fetch_into(keys, values, missing, fetch_many, ram)
 
-    def _fetch_into(self, keys: Sequence[str], values: list[bytes | None], missing: list[int],
-                    fetch_many: Callable[[list[str]], list[bytes | None]],
-                    ram: bool) -> list[bytes | None]:
+    def _fetch_into(self, keys: Sequence[str], values: list[bytes | memoryview | None],
+                    missing: list[int],
+                    fetch_many: Callable[[list[str]], list[bytes | memoryview | None]],
+                    ram: bool) -> list[bytes | memoryview | None]:
         if missing:
             fetched = fetch_many([keys[i] for i in missing])
             for i, value in zip(missing, fetched):

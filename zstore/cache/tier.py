@@ -22,7 +22,7 @@ import numpy as np
 
 from zstore.cache.evictions import EvictionLog
 from zstore.cache.stats import Stats
-from zstore.cache.value import Checked, Parts, header, header_size, open_value, unpack
+from zstore.cache.value import Checked, Parts, header, header_size, open_value
 
 PAGE = 4096
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
@@ -159,26 +159,8 @@ class Tier:
 
     def get(self, key: str, *, count_miss: bool = True) -> bytes | None:
         """The payload for ``key``, or None (missing, failed its check, or tier down)."""
-        cache = self._open()
-        if cache is None:
-            return None
-        try:
-            handle = cache.get(key, default=None, read=True)
-            if handle is None:
-                if count_miss:
-                    self.stats.add(f"{self.name}_misses")
-                return None
-            with handle:
-                value = handle.read()
-        except Exception as e:
-            self._warn("read failed", e)
-            return None
-        payload = unpack(value)
-        if payload is None:
-            return self._corrupt(cache, key)
-        self.stats.add(f"{self.name}_hits")
-        self.stats.add(f"{self.name}_hit_bytes", len(payload))
-        return bytes(payload)
+        found = self._lookup(key, count_miss=count_miss, mapped=False)
+        return None if found is None else bytes(found[0].payload)
 
     def get_mapped(self, key: str, *, count_miss: bool = True
                    ) -> tuple[Checked, str, int] | None:
@@ -187,9 +169,16 @@ class Tier:
         A blocked value's payload is checked lazily, by ``Checked.verify``, for the bytes
         the caller reads; call :meth:`drop` when that fails.
         """
+        return self._lookup(key, count_miss=count_miss, mapped=True)
+
+    def _lookup(self, key: str, *, count_miss: bool, mapped: bool
+                ) -> tuple[Checked, str, int] | None:
+        """Open ``key``'s value, read (or, ``mapped``, memory-mapped) and checked: whole
+        when read, lazily for blocked values when mapped."""
         cache = self._open()
         if cache is None:
             return None
+        ino = 0
         try:
             handle = cache.get(key, default=None, read=True)
             if handle is None:
@@ -197,14 +186,18 @@ class Tier:
                     self.stats.add(f"{self.name}_misses")
                 return None
             with handle:
-                size = os.fstat(handle.fileno()).st_size
-                mapped = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-                ino = os.fstat(handle.fileno()).st_ino
+                if mapped:
+                    st = os.fstat(handle.fileno())
+                    value: Any = mmap.mmap(handle.fileno(), st.st_size,
+                                           access=mmap.ACCESS_READ) if st.st_size else b""
+                    ino = st.st_ino
+                else:
+                    value = handle.read()
         except Exception as e:
             self._warn("read failed", e)
             return None
-        checked = open_value(mapped)
-        if checked is None:
+        checked = open_value(value)
+        if checked is None or not (mapped or checked.verify(0, len(checked.payload))):
             return self._corrupt(cache, key)
         self.stats.add(f"{self.name}_hits")
         self.stats.add(f"{self.name}_hit_bytes", len(checked.payload))

@@ -107,12 +107,3 @@ def open_value(value: Any) -> Checked | None:
     if len(table_bytes) != 4 * n or len(payload) != length or crc32c(table_bytes) != crc:
         return None
     return Checked(payload, np.frombuffer(table_bytes, dtype="<u4"))
-
-
-def unpack(value: bytes | memoryview) -> memoryview | None:
-    """The payload of a value, checked whole, or None."""
-    checked = open_value(value)
-    if checked is None or not checked.verify(0, len(checked.payload)):
-        return None
-    return checked.payload
-

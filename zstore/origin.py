@@ -57,12 +57,6 @@ def store_bytes(url: str, storage_options: dict[str, Any] | None = None) -> int:
     return int(fs.du(path))
 
 
-def _on_network_fs(path: str) -> bool:
-    from zstore.cache.tier import NETWORK_FS, filesystem_type
-
-    return filesystem_type(os.path.abspath(path)) in NETWORK_FS
-
-
 @dataclass(frozen=True)
 class RetryPolicy:
     """Bounded exponential backoff for transient origin errors."""
@@ -152,7 +146,9 @@ class Origin:
             self._fs, self._root = None, local_path(self.url)
         # Local disks answer a read in microseconds, so ranges are read in turn; a network
         # file system (NFS, Lustre, ...) costs a round trip each, so they overlap.
-        self._concurrent = self._fs is not None or _on_network_fs(self._root)
+        from zstore.cache.tier import network_fs_type
+
+        self._concurrent = self._fs is not None or network_fs_type(self._root) is not None
 
     def _read_once(self, key: str, start: int | None, stop: int | None) -> bytes:
         if self._fs is None:

@@ -10,8 +10,10 @@ finds it in the log afterwards); appends are serialized by an flock on the ring 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -49,8 +51,7 @@ class EvictionLog:
         ring = self._open()
         if ring is None or not inodes:
             return
-        with open(self.path, "rb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        with self._locked():
             head = int(ring[0])
             for ino in inodes:
                 ring[1 + head % SLOTS] = ino
@@ -61,9 +62,15 @@ class EvictionLog:
         """Make every reader drop all its maps (after the tier was cleared)."""
         ring = self._open()
         if ring is not None:
-            with open(self.path, "rb") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with self._locked():
                 ring[0] = int(ring[0]) + SLOTS + 1
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the ring's writer lock (an flock, released when the file is closed)."""
+        with open(self.path, "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def since(self, position: int) -> tuple[int, list[int] | None]:
         """(new position, inodes evicted since ``position``); None: too many, drop all."""

@@ -48,6 +48,12 @@ def filesystem_type(path: str) -> str:
     return kind
 
 
+def network_fs_type(path: str) -> str | None:
+    """The file system type of ``path`` when it is a network one (NFS, Lustre, ...), else None."""
+    kind = filesystem_type(os.path.abspath(path))
+    return kind if kind in NETWORK_FS else None
+
+
 class _Disk(diskcache.Disk):
     """diskcache's Disk with page-rounded sizes and one level of 256 subdirectories."""
 
@@ -102,8 +108,8 @@ class Tier:
         if self._pid == os.getpid():
             return self._cache
         self._pid, self._cache, self._warned = os.getpid(), None, set()
-        fstype = filesystem_type(os.path.abspath(self.directory))
-        if fstype in NETWORK_FS:
+        fstype = network_fs_type(self.directory)
+        if fstype:
             self._warn("disabled: the directory is on a network file system "
                        f"({fstype}); SQLite locking is unsafe there, use local disk or tmpfs",
                        fstype)

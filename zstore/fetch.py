@@ -68,7 +68,7 @@ class ChunkSource:
         indexes = self.index([(layout, k // layout.chunks_per_shard)
                               for layout, k in need if layout.sharded])
         keys, requests, slots = [], [], []
-        result: list[np.ndarray | None] = [None] * len(need)
+        layouts: dict[str, ArrayLayout] = {}
         for i, (layout, k) in enumerate(need):
             obj = layout.object_key(k // layout.chunks_per_shard)
             if not layout.sharded:  # one object per chunk
@@ -76,25 +76,20 @@ class ChunkSource:
                 requests.append((obj, None, None))
                 slots.append(i)
                 continue
+            layouts[obj] = layout
             offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
-            if offset == EMPTY:
-                result[i] = fill_chunk(layout)
+            if offset == EMPTY:  # never written: the fill value, below
                 continue
             start, stop = int(offset), int(offset + nbytes)
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
             slots.append(i)
-        layouts = {layout.object_key(k // layout.chunks_per_shard): layout
-                   for layout, k in need if layout.sharded}
         values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
         fetched = {i: (request, data) for i, request, data in zip(slots, requests, values)}
         del values
         for i, (layout, _) in enumerate(need):
-            if i not in fetched:
-                yield result[i]  # type: ignore[misc]
-                continue
-            request, data = fetched.pop(i)  # its bytes are freed once decoded
-            if data is None:  # an unsharded chunk the store never wrote
+            request, data = fetched.pop(i, (None, None))  # its bytes are freed once decoded
+            if data is None:  # a chunk the store never wrote (empty in its shard, or absent)
                 yield fill_chunk(layout)
                 continue
             where = f"{self.url}: {describe(*request)}"

@@ -193,10 +193,14 @@ class WindowReader:
             good = checked.verify(lo * row, hi * row)
         else:
             good = checked.verify(0, arr.nbytes)
-        if not good:  # corrupt in the RAM tier: drop it; the caller rebuilds the shard
-            del self._maps[(layout.path, s)]
-            self.tiers.ram.drop(self.tiers.key(f"{layout.object_key(s)}#D"))  # type: ignore
+        if not good:  # the caller rebuilds the shard
+            self._discard(layout, s)
         return good
+
+    def _discard(self, layout: ArrayLayout, s: int) -> None:
+        """Unmap a shard found corrupt and drop it from the RAM tier."""
+        del self._maps[(layout.path, s)]
+        self.tiers.ram.drop(self.tiers.key(_decoded_key(layout, s)))  # type: ignore[union-attr]
 
     def _mapped(self, layout: ArrayLayout, s: int, again: bool = False) -> np.ndarray | None:
         entry = self._maps.get((layout.path, s))
@@ -207,7 +211,7 @@ class WindowReader:
                 return self._mapped(layout, s, again)
             tiers.stats.add("ram_hits")
             return entry[0]
-        got = tiers.ram.get_mapped(tiers.key(f"{layout.object_key(s)}#D"),  # type: ignore
+        got = tiers.ram.get_mapped(tiers.key(_decoded_key(layout, s)),  # type: ignore
                                    count_miss=not again)
         if got is None:
             return None
@@ -225,15 +229,14 @@ class WindowReader:
     def _build(self, missing: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
         """Decode whole shards into the RAM tier, once for the node (under its lock)."""
         tiers: TieredCache = self.tiers  # type: ignore[assignment]
-        keys = [f"{layout.object_key(s)}#D" for layout, s in missing]
+        keys = [_decoded_key(layout, s) for layout, s in missing]
         with tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
             found = [self._mapped(layout, s, again=True) for layout, s in missing]
             for i, (layout, s) in enumerate(missing):  # built meanwhile by another process:
                 entry = self._maps.get((layout.path, s))  # rare, so check it whole
                 if found[i] is not None and entry and not entry[1].verify(
                         0, len(entry[1].payload)):
-                    del self._maps[(layout.path, s)]
-                    tiers.ram.drop(tiers.key(keys[i]))  # type: ignore[union-attr]
+                    self._discard(layout, s)
                     found[i] = None
             todo = [i for i, arr in enumerate(found) if arr is None]
             need = []
@@ -265,7 +268,6 @@ class WindowReader:
             gone = [k for k, entry in self._maps.items() if entry[3] in evicted]
         for key in gone:
             del self._maps[key]
-
 
     def _read_with_zarr(self, layout: ArrayLayout, span: Span | None) -> np.ndarray:
         """Fallback: zarr's own indexing on the cached store."""
@@ -347,6 +349,11 @@ def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
     buf = mmap.mmap(-1, count * dtype.itemsize)
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+def _decoded_key(layout: ArrayLayout, s: int) -> str:
+    """The RAM-tier key (before the store's namespace) of shard ``s`` decoded."""
+    return f"{layout.object_key(s)}#D"
 
 
 def _shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:

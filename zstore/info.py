@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from zstore.config import format_size
-from zstore.layout import MANIFEST_ATTR, Manifest, parse_array_meta
-from zstore.store import read_root_metadata
+from zstore.layout import parse_array_meta
+from zstore.store import read_manifest
 
 
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Items, arrays (rate, shape, chunking), total duration, bytes and codec of a store."""
-    meta = read_root_metadata(url, storage_options)
-    manifest = Manifest.from_json(meta.get("attributes", {}).get(MANIFEST_ATTR), url)
-    metas = (meta.get("consolidated_metadata") or {}).get("metadata", {})
+    manifest, metas = read_manifest(url, storage_options)
     first = manifest.items[0] if manifest.items else None
     arrays = {}
     for name, a in manifest.arrays.items():

@@ -29,9 +29,9 @@ from zstore.cache.value import Checked
 from zstore.config import CacheConfig, ResolvedCache
 from zstore.errors import StoreFormatError
 from zstore.fetch import ChunkSource
-from zstore.layout import MANIFEST_ATTR, ArrayLayout, Manifest, Span, parse_array_meta
+from zstore.layout import ArrayLayout, Span, parse_array_meta
 from zstore.origin import Origin, is_url
-from zstore.store import CachedStore, read_root_metadata
+from zstore.store import CachedStore, read_manifest
 
 MAX_MAPS = 4096  # decoded shards a process keeps mapped (vm.max_map_count is ~65k)
 SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
@@ -62,11 +62,8 @@ class WindowReader:
         """Read the manifest and set up this process's handles (idempotent per process)."""
         if self._pid == os.getpid():
             return self
-        meta = read_root_metadata(self.url, self.storage_options, self.origin_fs)
-        self.manifest = Manifest.from_json(meta.get("attributes", {}).get(MANIFEST_ATTR),
-                                           self.url)
-        self._metas: dict[str, Any] = (meta.get("consolidated_metadata") or {}).get(
-            "metadata", {})
+        self.manifest, self._metas = read_manifest(self.url, self.storage_options,
+                                                   self.origin_fs)
         resolved: ResolvedCache | None = self.cache.resolved() if self.cache else None
         self.tiers = TieredCache(resolved, self.manifest.store_id) if resolved else None
         self.origin = Origin(self.url, self.storage_options, fs=self.origin_fs,

@@ -21,7 +21,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from zstore.cache.tiers import TieredCache
 from zstore.config import CacheConfig, as_cache_config
-from zstore.layout import MANIFEST_ATTR
+from zstore.layout import MANIFEST_ATTR, Manifest
 from zstore.origin import Origin, zarr_store
 
 _READ_ONLY = "store was opened in read-only mode and does not support writing"
@@ -51,6 +51,14 @@ def read_root_metadata(url: str, storage_options: dict[str, Any] | None,
 
         raise StoreFormatError(f"{url}: no zarr.json at the root; is this a Zarr v3 store "
                                "written by 'zstore convert'?") from None
+
+
+def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = None
+                  ) -> tuple[Manifest, dict[str, Any]]:
+    """A store's zstore manifest and its consolidated array metadata (path -> zarr.json)."""
+    meta = read_root_metadata(url, storage_options, fs)
+    manifest = Manifest.from_json(meta.get("attributes", {}).get(MANIFEST_ATTR), url)
+    return manifest, (meta.get("consolidated_metadata") or {}).get("metadata", {})
 
 
 class CachedStore(Store):

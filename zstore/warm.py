@@ -10,6 +10,7 @@ from typing import Any
 from zstore.config import CacheConfig
 from zstore.layout import Span
 from zstore.reader import WindowReader
+from zstore.store import read_manifest
 
 
 def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | None = None,
@@ -19,8 +20,7 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
     from tqdm import tqdm
 
     config = cache or CacheConfig()
-    probe = WindowReader(url, cache=config, storage_options=storage_options).open()
-    manifest = probe.manifest
+    manifest, _ = read_manifest(url, storage_options)
     names = list(fields) if fields else manifest.time_arrays
     local = threading.local()
 

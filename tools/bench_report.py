@@ -49,12 +49,16 @@ def _ratio(runs: dict[str, list[float]], a: str, b: str) -> float:
     return _median([x / y for x, y in zip(runs[a], runs[b]) if y])
 
 
+def _private(snapshot: dict[str, int]) -> int:
+    """A process's own memory from its smaps_rollup: PSS less its share of tmpfs pages."""
+    return snapshot["Pss"] - snapshot.get("Pss_Shmem", 0)
+
+
 def _node_memory(ranks: dict[str, Any]) -> dict[str, float]:
     shared = ranks["shared"]
-    private = [r["final"]["Pss"] - r["final"].get("Pss_Shmem", 0) for r in shared["ranks"]]
-    base = [r["base"]["Pss"] - r["base"].get("Pss_Shmem", 0) for r in shared["ranks"]]
-    opened = [r["opened"]["Pss"] - r["opened"].get("Pss_Shmem", 0) for r in shared["ranks"]
-              if "opened" in r]
+    private = [_private(r["final"]) for r in shared["ranks"]]
+    base = [_private(r["base"]) for r in shared["ranks"]]
+    opened = [_private(r["opened"]) for r in shared["ranks"]]
     tmpfs = max(shared.get("tmpfs_used", 0), shared["stats"]["ram"].get("bytes_on_disk", 0))
     growth = max(p - b for p, b in zip(private, base))
     return {"private": sum(private), "tmpfs": tmpfs, "node": sum(private) + tmpfs,

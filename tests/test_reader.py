@@ -26,12 +26,12 @@ MODES = {
 }
 
 
-def config(tmp_path, mode):
+def config(tmp_path, mode, **overrides):
     if MODES[mode] is False:
         return None
     base = dict(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
                 ssd_bytes="64MB")
-    return zstore.CacheConfig(**{**base, **MODES[mode]})
+    return zstore.CacheConfig(**{**base, **MODES[mode], **overrides})
 
 
 def random_spans(root, item, rng, n=6):
@@ -112,8 +112,7 @@ def test_other_layouts(small_store, tmp_path, layout):
 
 def test_window_is_one_batch_of_origin_requests(small_store, tmp_path):
     fs = ModelledFileSystem(latency=0.05)  # S3-like: requests must overlap, not queue
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
-                             ssd_bytes="64MB", fetch="range", ram_format="encoded")
+    cfg = config(tmp_path, "encoded-ram", fetch="range")
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs)
     reader.open()
     fs.reset_counts()
@@ -145,8 +144,7 @@ def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
 def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch, monkeypatch):
     monkeypatch.setattr(zstore.fetch, "COALESCE_BYTES", 2**30)  # one range per shard
     fs = ModelledFileSystem()
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
-                             ssd_bytes="64MB", fetch=fetch)
+    cfg = config(tmp_path, "decoded-ram", fetch=fetch)
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs)
     plain = zarr.open_group(small_store, mode="r")["utt000004/wav"]
     reader.open()
@@ -207,8 +205,7 @@ def test_coalescing_limit_splits_ranges_same_data(small_store, tmp_path, monkeyp
 def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path, monkeypatch):
     monkeypatch.setattr(zstore.fetch, "COALESCE_BYTES", 2**30)  # one range per shard
     fs = ModelledFileSystem(latency=0.05)  # requests overlap, even on a loaded machine
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
-                             ssd_bytes="64MB", fetch="range")
+    cfg = config(tmp_path, "decoded-ram", fetch="range")
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
     root = zarr.open_group(small_store, mode="r")
     wav, act = root["utt000005/wav"], root["utt000005/act"]

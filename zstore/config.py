@@ -124,8 +124,8 @@ class CacheConfig:
             Default: half the free tmpfs, at most a quarter of RAM.  0 disables it.
         ram_dir: the RAM tier's directory, on tmpfs.  Default ``/dev/shm/zstore``.
             ``None`` disables the tier.
-        ram_format: ``"decoded"`` keeps decoded chunks in RAM (fast hits, about 2x
-            the room) or ``"encoded"`` keeps the compressed bytes.
+        ram_format: ``"decoded"`` keeps whole decoded shards in RAM (fast hits,
+            about 2x the room) or ``"encoded"`` keeps the compressed bytes.
         ssd_bytes: byte budget of the SSD tier.  Default: half the disk's free space.
         ssd_dir: the SSD tier's directory, on local disk.  Default
             ``~/.cache/zstore``.  ``None`` disables the tier.

@@ -23,7 +23,7 @@ class TieredCache:
 
     A value found in the SSD tier is promoted to RAM; a value fetched from the
     origin fills both.  ``ram=False`` keeps a value out of the RAM tier (used when
-    the RAM tier holds decoded chunks instead).  Keys are prefixed with the
+    the RAM tier holds decoded shards instead).  Keys are prefixed with the
     store's id, so two stores, or a reconverted store, never share entries.
     """
 
@@ -41,7 +41,7 @@ class TieredCache:
 
     @property
     def decoded(self) -> bool:
-        """True when the RAM tier holds decoded chunks (the reader's fast path)."""
+        """True when the RAM tier holds decoded shards (the reader's fast path)."""
         return self.ram is not None and self.config.ram_format == "decoded"
 
     def key(self, key: str) -> str:

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_contenders import Contender, Paths, rank_worker, run_windows  # noqa: E402
+from bench_contenders import (HOP, Contender, Paths, rank_worker, run_windows,  # noqa: E402
+                               window_spans, zstore_cache)
 from bench_report import write_report  # noqa: E402
 
 WINDOW_FRAMES = 1000  # 10 s at 100 frames/s
@@ -185,7 +186,6 @@ def dataloader(paths: Paths, windows: list, reps: int, workers: int = 2) -> dict
 def shared_ranks(paths: Paths, windows: list, ranks: int = 4) -> dict[str, Any]:
     """4 processes as ranks on one fresh node cache over an NFS-like origin."""
     import zstore
-    from bench_contenders import zstore_cache
 
     ram = "/dev/shm/zstore-bench-ranks"
     cache = {"ram_dir": ram, "ram_bytes": "1GB", "ssd_dir": os.path.join(paths.work, "ssd-ranks"),
@@ -223,7 +223,6 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
     read path adds.  Whole passes, not window pairs: a copy right after the read of the
     same window would find its source in the CPU cache and look cheaper than it is.
     """
-    from zstore.layout import Span
     from zstore.reader import _assemble
 
     c = [c for c, _, _ in contenders(paths.work) if c.name == "zstore RAM hits (decoded)"][0]
@@ -233,8 +232,7 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
     reader = c._state
     work = []
     for _, item, start in sample:
-        spans = {"wav": Span(start * 160, (start + WINDOW_FRAMES) * 160),
-                 "act": Span(start, start + WINDOW_FRAMES)}
+        spans = window_spans(start, WINDOW_FRAMES)
         plan = [(k, reader.layout(item, k), v) for k, v in spans.items()]
         work.append((item, spans, plan, reader._shards(plan)))
     totals, copies = [], []
@@ -257,7 +255,6 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
 
 def origin_bytes(paths: Paths, windows: list) -> dict[str, float]:
     """Bytes a cold window reads from the origin (range fetch) vs its compressed size."""
-    from zstore.layout import Span
     from zstore.reader import WindowReader
     from zstore.testing import ModelledFileSystem
 
@@ -265,13 +262,12 @@ def origin_bytes(paths: Paths, windows: list) -> dict[str, float]:
     reader = WindowReader(paths.store, origin_fs=fs).open()
     compressed, n = 0.0, 0
     for index, item, start in windows[:100]:
-        for name, hop in (("wav", 160), ("act", 1)):
+        for name, hop in (("wav", HOP), ("act", 1)):
             layout = reader.layout(item, name)
             obj = sum(os.path.getsize(os.path.join(paths.store, layout.object_key(s)))
                       for s in range(-(-layout.length // layout.shard)))
             compressed += obj * (WINDOW_FRAMES * hop) / layout.length
-        reader.read(item, {"wav": Span(start * 160, (start + WINDOW_FRAMES) * 160),
-                           "act": Span(start, start + WINDOW_FRAMES)})
+        reader.read(item, window_spans(start, WINDOW_FRAMES))
         n += 1
     return {"origin_bytes_per_window": fs.bytes / n, "compressed_bytes_per_window": compressed / n,
             "requests_per_window": fs.requests / n}
@@ -289,7 +285,7 @@ def fetch_modes(paths: Paths, windows: list) -> dict[str, Any]:
         c = Contender(mode, "zstore", {"cache": cache, **S3})
         clear_tiers(c.options)
         n, seconds = run_windows(c, paths, few, WINDOW_FRAMES, 1e9)
-        stats = zstore.cache_stats(zstore.CacheConfig(ssd_dir=cache["ssd_dir"], ram_dir=None))
+        stats = zstore.cache_stats(zstore_cache(paths, c.options))
         out[mode] = {"windows": n, "seconds": seconds, "requests": stats["origin"]["requests"],
                      "bytes": stats["origin"]["bytes"]}
         clear_tiers(c.options)

@@ -133,11 +133,15 @@ def _open_zstore(paths: Paths, options: dict[str, Any]) -> Any:
                         origin_fs=_modelled(options)).open()
 
 
-def _read_zstore(reader: Any, index: int, item: str, start: int, frames: int):
+def window_spans(start: int, frames: int) -> dict[str, Any]:
+    """zstore spans of the window of ``frames`` act frames from ``start`` (wav aligned)."""
     from zstore.layout import Span
 
-    out = reader.read(item, {"wav": Span(start * HOP, (start + frames) * HOP),
-                             "act": Span(start, start + frames)})
+    return {"wav": Span(start * HOP, (start + frames) * HOP), "act": Span(start, start + frames)}
+
+
+def _read_zstore(reader: Any, index: int, item: str, start: int, frames: int):
+    out = reader.read(item, window_spans(start, frames))
     return out["wav"], out["act"]
 
 

@@ -9,8 +9,8 @@ from zstore.cache import cache_stats, clear_cache
 from zstore.config import CacheConfig, parse_size
 from zstore.convert import ConvertReport, convert
 from zstore.dataset import WindowDataset
-from zstore.errors import (ConfigError, DestinationError, IntegrityError, OriginError,
-                           ShortItemError, SourceError, StoreFormatError, ZstoreError)
+from zstore.errors import (ConfigError, DestinationError, IntegrityError, MissingDataError,
+                           OriginError, ShortItemError, SourceError, StoreFormatError, ZstoreError)
 from zstore.info import store_info
 from zstore.reader import WindowReader
 from zstore.store import CachedStore, open_store
@@ -18,7 +18,7 @@ from zstore.warm import warm
 
 __version__ = "0.1.0"
 __all__ = ["CacheConfig", "CachedStore", "ConfigError", "ConvertReport", "DestinationError",
-           "IntegrityError", "OriginError", "ShortItemError", "SourceError",
+           "IntegrityError", "MissingDataError", "OriginError", "ShortItemError", "SourceError",
            "StoreFormatError", "WindowDataset", "WindowReader", "ZstoreError", "cache_stats",
            "clear_cache", "convert", "open_store", "parse_size", "store_info", "warm",
            "__version__"]

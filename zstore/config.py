@@ -8,6 +8,7 @@ every rank with environment variables, and a script can still pin a field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -34,13 +35,21 @@ def parse_size(value: int | float | str, *, name: str = "size") -> int:
     >>> parse_size("64GB"), parse_size("500MiB"), parse_size(0)
     (64000000000, 524288000, 0)
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a byte count, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{name}: expected a byte count such as 1000000 or '64GB', "
+                          f"got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ConfigError(f"{name}: {value!r} is not a byte count; write e.g. 1000000 or "
+                              "'64GB'")
         if value < 0:
-            raise ConfigError(f"{name}: a byte count cannot be negative ({value!r})")
+            raise ConfigError(f"{name}: a byte count cannot be negative ({value!r}); use 0 "
+                              "to turn the tier off")
         return int(value)
-    match = _SIZE_RE.match(str(value))
+    if value.strip().startswith("-"):
+        raise ConfigError(f"{name}: a byte count cannot be negative ({value!r}); use 0 to "
+                          "turn the tier off")
+    match = _SIZE_RE.match(value)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
         raise ConfigError(
@@ -149,26 +158,35 @@ class CacheConfig:
     def resolved(self) -> ResolvedCache:
         """Apply environment variables and defaults; validate every field."""
         raw: dict[str, Any] = {}
+        origin: dict[str, str] = {}  # where each value came from, for error messages
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            origin[field.name] = field.name
             if isinstance(value, str) and value == AUTO:
-                value = os.environ.get(_ENV[field.name], AUTO)
+                env = _ENV[field.name]
+                value = os.environ.get(env, AUTO)
+                if value != AUTO:
+                    origin[field.name] = f"{env} (environment)"
             raw[field.name] = value
         ram_dir = _resolve_dir(raw["ram_dir"], default_ram_dir())
         ssd_dir = _resolve_dir(raw["ssd_dir"], default_ssd_dir())
         ram_bytes = 0 if ram_dir is None else _resolve_bytes(
-            raw["ram_bytes"], "ram_bytes", lambda: default_ram_bytes(ram_dir))
+            raw["ram_bytes"], origin["ram_bytes"], lambda: default_ram_bytes(ram_dir))
         ssd_bytes = 0 if ssd_dir is None else _resolve_bytes(
-            raw["ssd_bytes"], "ssd_bytes", lambda: default_ssd_bytes(ssd_dir))
+            raw["ssd_bytes"], origin["ssd_bytes"], lambda: default_ssd_bytes(ssd_dir))
         ram_format = "decoded" if raw["ram_format"] == AUTO else str(raw["ram_format"])
         if ram_format not in ("decoded", "encoded"):
-            raise ConfigError(f"ram_format must be 'decoded' or 'encoded', got {ram_format!r}")
+            raise ConfigError(f"{origin['ram_format']} must be 'decoded' or 'encoded', got "
+                              f"{ram_format!r}")
         fetch = str(raw["fetch"])
         if fetch not in ("auto", "range", "shard"):
-            raise ConfigError(f"fetch must be 'auto', 'range' or 'shard', got {fetch!r}")
-        max_requests = 16 if raw["max_requests"] == AUTO else int(raw["max_requests"])
-        if max_requests < 1:
-            raise ConfigError(f"max_requests must be at least 1, got {max_requests}")
+            raise ConfigError(f"{origin['fetch']} must be 'auto', 'range' or 'shard', got "
+                              f"{fetch!r}")
+        max_requests = 16 if raw["max_requests"] == AUTO else _whole(
+            raw["max_requests"], origin["max_requests"])
+        if not 1 <= max_requests <= 1024:
+            raise ConfigError(f"{origin['max_requests']} must be from 1 to 1024 origin "
+                              f"requests in flight, got {max_requests}")
         return ResolvedCache(
             ram_dir=ram_dir if ram_bytes else None, ram_bytes=ram_bytes,
             ssd_dir=ssd_dir if ssd_bytes else None, ssd_bytes=ssd_bytes,
@@ -197,6 +215,18 @@ def _resolve_dir(value: Any, default: str | None) -> str | None:
     if isinstance(value, str) and value.strip().lower() in _OFF:
         return None
     return os.path.abspath(os.path.expanduser(os.fspath(value)))
+
+
+def _whole(value: Any, name: str) -> int:
+    """A whole number from an argument or an environment variable's text."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
 
 
 def _resolve_bytes(value: Any, name: str, default: Any) -> int:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
+import math
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
 import uuid
 import warnings
@@ -23,6 +27,61 @@ from zstore.origin import store_bytes, zarr_store
 from zstore.source import SourceItem, SourcePlan, open_source, plan
 
 CODECS = ("lz4", "zstd", "none")
+#: What a store's objects look like; part of a conversion's fingerprint, so a store that
+#: an older zstore began is not resumed with another layout.  2: every chunk is written.
+LAYOUT = 2
+#: chunk_seconds bounds: below 10 ms the per-chunk overhead (index entry, crc32c, codec
+#: header: ~36 bytes) outweighs small arrays' data; above an hour a window reads far
+#: more than it needs.
+MIN_CHUNK_SECONDS, MAX_CHUNK_SECONDS = 0.01, 3600.0
+
+
+def check_options(chunk_seconds: Any, workers: Any) -> None:
+    """Refuse numbers the converter cannot use, before the destination is touched."""
+    if isinstance(chunk_seconds, bool) or not isinstance(chunk_seconds, (int, float)) or \
+            not math.isfinite(chunk_seconds) or \
+            not MIN_CHUNK_SECONDS <= chunk_seconds <= MAX_CHUNK_SECONDS:
+        raise SourceError(
+            f"--chunk-seconds {chunk_seconds!r}: must be a number from {MIN_CHUNK_SECONDS:g} "
+            f"to {MAX_CHUNK_SECONDS:g} (shorter chunks cost more in per-chunk overhead than "
+            "they hold; longer ones make windows read far more than they need); 1.0 suits "
+            "windows of a few seconds")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise SourceError(f"--workers {workers!r}: must be a whole number of processes, at "
+                          "least 1 (leave it out for one per CPU)")
+
+
+def check_chunks(source: SourcePlan, chunk_seconds: float) -> None:
+    """Each time array's chunk must hold at least one sample at its rate."""
+    for name, info in source.arrays.items():
+        if info.rate is not None and info.rate * chunk_seconds < 1:
+            raise SourceError(
+                f"--rate {name}={info.rate:g} with --chunk-seconds {chunk_seconds:g}: a chunk "
+                "would hold less than one sample (rates are samples per second, e.g. "
+                f"--rate {name}=16000); give the real rate or longer chunks")
+
+
+def check_destination(dst: str, storage_options: dict[str, Any] | None) -> None:
+    """A local destination must be a directory (or not exist yet) that can be written."""
+    from zstore.origin import is_url, local_path
+
+    if is_url(dst):
+        return
+    path = os.path.abspath(local_path(dst))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DestinationError(f"{dst} is a file, not a directory; choose a directory "
+                               "for the store (it is created if missing)")
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise DestinationError(f"{dst} lies under {probe}, which is a file; choose a "
+                               "destination in a directory")
+    if not os.access(probe, os.W_OK | os.X_OK) or probe == "/proc" or \
+            probe.startswith("/proc/") or probe.startswith("/sys/"):
+        raise DestinationError(f"{dst}: cannot write in {probe} (no permission, or not a "
+                               "place for files); choose a writable directory")
 
 
 def compressors(codec: str) -> list[Any]:
@@ -128,7 +187,7 @@ def _write_item(job: _Job, item: SourceItem) -> int:
             arr = group.create_array(
                 name, shape=ds.shape, dtype=ds.dtype, chunks=chunks, shards=shards,
                 compressors=compressors(job.codec), fill_value=0, overwrite=True,
-                attributes=_attrs(ds))
+                attributes=_attrs(ds), config={"write_empty_chunks": True})
             if data.size:
                 arr[...] = data
         group.attrs.update({DONE_ATTR: True})
@@ -192,6 +251,23 @@ def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
         return fs.exists(path)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer: end this worker when the converting process dies, even by
+    SIGKILL, so no orphan keeps writing into the destination beside a rerun."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: watch the parent from a thread
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any) -> list[Any]:
     results = []
     if workers <= 1:
@@ -200,7 +276,9 @@ def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any) ->
             bar.update(1, it.nbytes)
         return results
     ctx = mp.get_context("spawn")  # HDF5 handles do not survive fork
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                initializer=_die_with_parent,
+                                initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(fn, job, it): it for it in items}
         for fut in cf.as_completed(futures):
             results.append(fut.result())
@@ -254,13 +332,21 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     t0 = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
     compressors(codec)
-    if chunk_seconds <= 0:
-        raise SourceError(f"chunk_seconds must be positive, got {chunk_seconds}")
+    check_options(chunk_seconds, workers)
     source = plan(src, rates, time_axis)
+    check_chunks(source, chunk_seconds)
+    check_destination(dst, storage_options)
     options = {"rates": {k: float(v) for k, v in (rates or {}).items()},
-               "time_axis": time_axis, "chunk_seconds": chunk_seconds, "codec": codec}
+               "time_axis": time_axis, "chunk_seconds": chunk_seconds, "codec": codec,
+               "layout": LAYOUT}
     fingerprint = _fingerprint(src, options)
-    root = _prepare_destination(dst, storage_options, fingerprint, overwrite)
+    try:
+        root = _prepare_destination(dst, storage_options, fingerprint, overwrite)
+    except OSError as e:
+        if isinstance(e, DestinationError):
+            raise
+        raise DestinationError(f"{dst}: cannot create the store there ({e}); choose a "
+                               "writable destination") from None
     total_src = sum(it.nbytes for it in source.items)
     for s in source.skipped:
         warnings.warn(f"{src}: skipping {s}", stacklevel=2)
@@ -320,7 +406,7 @@ def _manifest(source: SourcePlan, codec: str, chunk_seconds: float,
                for n, a in source.arrays.items() if a.rate is not None}
     return Manifest(store_id=uuid.uuid4().hex, arrays=source.arrays,
                     items=[it.name for it in source.items], lengths=lengths, codec=codec,
-                    chunk_seconds=chunk_seconds,
+                    chunk_seconds=chunk_seconds, all_chunks_written=True,
                     extra={"fingerprint": fingerprint, "store_bytes": nbytes})
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from zstore.config import CacheConfig, as_cache_config
@@ -13,6 +15,47 @@ from zstore.errors import ConfigError
 from zstore.layout import Span, scale
 from zstore.reader import WindowReader
 from zstore.sampler import Window, usable_items, window_for
+
+#: The largest window of one field that a dataset accepts (beyond it, every item would
+#: allocate gigabytes: almost always a unit mistake such as milliseconds for seconds).
+MAX_WINDOW_BYTES = 4 * 2**30
+
+
+def _whole(name: str, value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def _check_window(window_seconds: Any) -> float | None:
+    if window_seconds is None:
+        return None
+    if isinstance(window_seconds, (bool, np.bool_)) or \
+            not isinstance(window_seconds, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(window_seconds) or window_seconds <= 0:
+        raise ConfigError(f"window_seconds must be a positive number of seconds (or None for "
+                          f"whole items), got {window_seconds!r}")
+    return float(window_seconds)
+
+
+def common_lengths(lengths: dict[str, list[int]], rates: dict[str, float],
+                   coarse: str) -> list[int]:
+    """Per item, the frames of the coarsest grid that every time array covers.
+
+    Arrays of one item may end a little apart (``act`` as ceil(samples / 160) frames);
+    a window that reached past the shortest would read samples that do not exist, so
+    an item's length, and ``length`` in what it returns, is the time all arrays cover.
+    """
+    out = np.asarray(lengths[coarse], dtype=np.int64)
+    for name, rate in rates.items():
+        if name == coarse:
+            continue
+        ratio = rate / rates[coarse]
+        n = np.asarray(lengths[name], dtype=np.int64)
+        covered = n // int(ratio) if float(ratio).is_integer() else \
+            np.floor(n / ratio + 1e-9).astype(np.int64)
+        out = np.minimum(out, covered)
+    return out.tolist()
 
 
 class WindowDataset(torch.utils.data.Dataset):
@@ -46,8 +89,8 @@ class WindowDataset(torch.utils.data.Dataset):
                  origin_fs: Any = None):
         self.url = str(url)
         self.fields = list(fields) if fields is not None else None
-        self.window_seconds = window_seconds
-        self.seed = int(seed)
+        self.window_seconds = _check_window(window_seconds)
+        self.seed = _whole("seed", seed)
         self.epoch = 0
         self.short = short
         self.transform = transform
@@ -76,15 +119,32 @@ class WindowDataset(torch.utils.data.Dataset):
         rate = self._rates[self._coarse] if self._coarse else 1.0
         self._window = None if self.window_seconds is None or not timed else \
             max(1, int(round(self.window_seconds * rate)))
-        self._lengths = manifest.lengths[self._coarse] if self._coarse else \
-            [0] * len(manifest.items)
+        self._lengths = common_lengths(manifest.lengths, self._rates, self._coarse) \
+            if self._coarse else [0] * len(manifest.items)
         self._items = manifest.items
+        self._field_lengths = {n: manifest.lengths[n] for n in timed}
+        self._check_window_size()
         self._index, short = usable_items(self._lengths, self._window, self.short, self._items)
         self.short_items = [self._items[i] for i in short]
 
+    def _check_window_size(self) -> None:
+        """Refuse a window so large that one item would not fit in memory."""
+        if self._window is None or not self._items:
+            return
+        coarse_rate = self._rates[self._coarse]  # type: ignore[index]
+        for name, rate in self._rates.items():
+            layout = self.reader.layout(self._items[0], name)
+            other = int(np.prod([n for a, n in enumerate(layout.shape) if a != layout.time_axis]))
+            nbytes = scale(self._window, coarse_rate, rate) * other * layout.dtype.itemsize
+            if nbytes > MAX_WINDOW_BYTES:
+                raise ConfigError(
+                    f"window_seconds={self.window_seconds}: one window of '{name}' would take "
+                    f"{nbytes / 2**30:.1f} GiB (more than {MAX_WINDOW_BYTES // 2**30} GiB); "
+                    "use a shorter window, or window_seconds=None for whole items")
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lengths", "_items", "_index", "short_items"):
+        for key in ("_lengths", "_items", "_index", "short_items", "_field_lengths"):
             state.pop(key, None)  # rebuilt from the manifest in the new process
         return state
 
@@ -97,7 +157,7 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Move to another draw of windows (call it before each epoch)."""
-        self.epoch = int(epoch)
+        self.epoch = _whole("epoch", epoch)
 
     def window(self, i: int) -> Window:
         """Where ``ds[i]`` lies: item index, start, real frames and padding (coarse grid)."""
@@ -117,6 +177,7 @@ class WindowDataset(torch.utils.data.Dataset):
             start = scale(w.start, coarse_rate, rate)
             stop = scale(w.start + w.take, coarse_rate, rate)
             total = scale(w.take + w.pad, coarse_rate, rate)
+            stop = min(stop, self._field_lengths[name][w.item])  # rounding, non-integer ratios
             spans[name] = Span(start, stop, total - (stop - start))
         return spans
 

@@ -38,3 +38,11 @@ class OriginError(ZstoreError, OSError):
 
 class IntegrityError(ZstoreError, OSError):
     """Bytes failed their checksum or length check."""
+
+
+class MissingDataError(IntegrityError):
+    """An object the converter wrote is gone from the store (deleted, lost in a copy).
+
+    Never a :class:`FileNotFoundError`: zarr reads a missing object as the fill value,
+    which for a store whose converter wrote every chunk would be silent zeros.
+    """

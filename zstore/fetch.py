@@ -15,7 +15,7 @@ import numpy as np
 
 from zstore.cache.tiers import TieredCache
 from zstore.decode import EMPTY, decode_chunk, decode_index, fill_chunk
-from zstore.errors import IntegrityError
+from zstore.errors import IntegrityError, MissingDataError
 from zstore.layout import ArrayLayout
 from zstore.origin import Origin, Request, describe
 
@@ -24,11 +24,23 @@ COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up
 
 
 class ChunkSource:
-    """Fetch and decode inner chunks of one store for one process."""
+    """Fetch and decode inner chunks of one store for one process.
 
-    def __init__(self, url: str, origin: Origin, tiers: TieredCache | None, fetch: str):
+    ``complete``: the store's converter wrote every chunk (the manifest says so), so a
+    missing object or an empty shard-index entry is lost data and raises
+    :class:`MissingDataError`; otherwise (stores of other writers) it reads as the
+    fill value, as in zarr.
+    """
+
+    def __init__(self, url: str, origin: Origin, tiers: TieredCache | None, fetch: str,
+                 complete: bool = False):
         self.url, self.origin, self.tiers, self.fetch = url, origin, tiers, fetch
+        self.complete = complete
         self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def _missing(self, obj: str, what: str) -> MissingDataError:
+        item, _, name = obj.rpartition("/c/")[0].rpartition("/")
+        return missing_error(self.url, obj, item, name, what)
 
     def index(self, shards: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
         """Shard indexes of the given (layout, shard) pairs, fetched together."""
@@ -45,6 +57,8 @@ class ChunkSource:
             requests = [(obj, -layout.index_bytes, None) for obj, layout in todo.items()]
             values = self.fetch_many(keys, requests, ram=True, layouts=todo)
             for (obj, layout), data in zip(todo.items(), values):
+                if data is None and self.complete:
+                    raise self._missing(obj, "shard")
                 if data is None:  # a shard the store never wrote: all fill value
                     index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
                 else:
@@ -78,6 +92,8 @@ class ChunkSource:
                 continue
             layouts[obj] = layout
             offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
+            if offset == EMPTY and self.complete:
+                raise self._missing(obj, f"chunk {k % layout.chunks_per_shard} of shard")
             if offset == EMPTY:  # never written: the fill value, below
                 continue
             start, stop = int(offset), int(offset + nbytes)
@@ -87,8 +103,10 @@ class ChunkSource:
         values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
         fetched = {i: (request, data) for i, request, data in zip(slots, requests, values)}
         del values
-        for i, (layout, _) in enumerate(need):
+        for i, (layout, k) in enumerate(need):
             request, data = fetched.pop(i, (None, None))  # its bytes are freed once decoded
+            if data is None and self.complete:
+                raise self._missing(layout.object_key(k // layout.chunks_per_shard), "chunk")
             if data is None:  # a chunk the store never wrote (empty in its shard, or absent)
                 yield fill_chunk(layout)
                 continue
@@ -194,3 +212,12 @@ def _slice(data: bytes, start: int | None, stop: int | None) -> bytes:
     if start is not None and start < 0:
         return data[start:]
     return data[start or 0:stop]
+
+
+def missing_error(url: str, key: str, item: str, array: str, what: str) -> MissingDataError:
+    """The error for an object that a complete store must hold but does not."""
+    return MissingDataError(
+        f"{url}: {what} '{key}' (item '{item}', array '{array}') is missing, but this "
+        "store's converter wrote every chunk: the store is damaged or was copied "
+        "incompletely. Restore the object from a good copy, or reconvert the source "
+        "(zstore convert ... --overwrite); nothing was read as zeros")

@@ -42,6 +42,9 @@ class Manifest:
     lengths: dict[str, list[int]]  # time array name -> per-item length
     codec: str = "lz4"
     chunk_seconds: float = 1.0
+    #: Every chunk of every array was written, empty ones included: a missing object
+    #: is lost data, never "all fill value".  False only for stores of zstore < 0.2.
+    all_chunks_written: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,6 +61,7 @@ class Manifest:
             "lengths": {n: list(v) for n, v in self.lengths.items()},
             "codec": self.codec,
             "chunk_seconds": self.chunk_seconds,
+            "all_chunks_written": self.all_chunks_written,
             **self.extra,
         }
 
@@ -70,7 +74,17 @@ class Manifest:
             raise StoreFormatError(
                 f"{where} has manifest format {data.get('format')!r}; this zstore reads "
                 f"format {FORMAT_VERSION}: reconvert it or upgrade zstore")
-        known = {"format", "store_id", "arrays", "items", "lengths", "codec", "chunk_seconds"}
+        try:
+            return cls._parse(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StoreFormatError(
+                f"{where}: the zstore manifest in the root zarr.json is damaged ({e!r}); "
+                "restore the store's root zarr.json or reconvert it") from None
+
+    @classmethod
+    def _parse(cls, data: dict[str, Any]) -> Manifest:
+        known = {"format", "store_id", "arrays", "items", "lengths", "codec", "chunk_seconds",
+                 "all_chunks_written"}
         return cls(
             store_id=str(data["store_id"]),
             arrays={n: ArrayInfo(a["rate"], a["time_axis"], bool(a.get("inferred", False)))
@@ -79,6 +93,7 @@ class Manifest:
             lengths={n: [int(x) for x in v] for n, v in data["lengths"].items()},
             codec=data.get("codec", "?"),
             chunk_seconds=float(data.get("chunk_seconds", 1.0)),
+            all_chunks_written=bool(data.get("all_chunks_written", False)),
             extra={k: v for k, v in data.items() if k not in known},
         )
 

@@ -27,7 +27,7 @@ import numpy as np
 from zstore.cache.tiers import TieredCache
 from zstore.cache.value import Checked
 from zstore.config import CacheConfig, ResolvedCache
-from zstore.errors import StoreFormatError
+from zstore.errors import IntegrityError, StoreFormatError
 from zstore.fetch import ChunkSource
 from zstore.layout import ArrayLayout, Span, parse_array_meta
 from zstore.origin import Origin, is_url
@@ -69,7 +69,8 @@ class WindowReader:
         self.origin = Origin(self.url, self.storage_options, fs=self.origin_fs,
                              max_requests=resolved.max_requests if resolved else 16)
         self.fetch = self._fetch_mode(resolved)
-        self.source = ChunkSource(self.url, self.origin, self.tiers, self.fetch)
+        self.source = ChunkSource(self.url, self.origin, self.tiers, self.fetch,
+                                  complete=self.manifest.all_chunks_written)
         self._decoded = self.tiers is not None and self.tiers.decoded
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
         self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, Checked, str, int]] = \
@@ -124,6 +125,11 @@ class WindowReader:
         plan: list[tuple[str, ArrayLayout, Span]] = []
         for name, span in spans.items():
             layout = self.layout(item, name)
+            if span is not None and not 0 <= span.start <= span.stop <= layout.length:
+                raise ValueError(
+                    f"{self.url}: window [{span.start}, {span.stop}) of '{item}/{name}' lies "
+                    f"outside the array (length {layout.length} along time); a window must "
+                    "end within every array it reads")
             if span is None and layout.fast:
                 span = Span(0, layout.length)
             if span is None or not layout.fast or layout.length == 0:
@@ -272,7 +278,8 @@ class WindowReader:
             import zarr
 
             store = CachedStore(self.url, store_id=self.manifest.store_id, cache=self.cache,
-                                storage_options=self.storage_options)
+                                storage_options=self.storage_options,
+                                complete=self.manifest.all_chunks_written)
             self._group = zarr.open_group(store, mode="r")
         arr = self._group[layout.path]
         if span is None:
@@ -376,6 +383,7 @@ def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces) -> np.ndarray:
     out = np.empty(shape, dtype=layout.dtype)
     dst = [slice(None)] * len(shape)
     src = [slice(None)] * len(shape)
+    covered = 0
     for (path, _), (offset, arr) in pieces.items():
         if path != layout.path:
             continue
@@ -386,6 +394,11 @@ def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces) -> np.ndarray:
         dst[axis] = slice(lo - span.start, hi - span.start)
         src[axis] = slice(lo - offset, hi - offset)
         out[tuple(dst)] = arr[tuple(src)]
+        covered += hi - lo
+    if covered != span.stop - span.start:  # never hand out np.empty's leftover memory
+        raise IntegrityError(f"'{layout.path}': the pieces read cover {covered} of the "
+                             f"{span.stop - span.start} samples of window [{span.start}, "
+                             f"{span.stop}); this is a bug in zstore, please report it")
     if span.pad:
         dst[axis] = slice(span.stop - span.start, None)
         out[tuple(dst)] = 0

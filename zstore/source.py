@@ -6,6 +6,7 @@ groups become nested item names (``"spk1/utt3"``).
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -115,7 +116,14 @@ def _axis(ndim: int, time_axis: int) -> int | None:
 
 
 def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
-    """('div', k) when x == r // k in every item, ('mul', k) when x == r * k."""
+    """('div', k) when x == r // k in every item, ('mul', k) when x == r * k.
+
+    Items where both are 0 (zero-length recordings) fit any ratio and are left out.
+    """
+    pairs = [(x, r) for x, r in zip(xs, rs) if x or r]
+    if not pairs:
+        return None
+    xs, rs = [p[0] for p in pairs], [p[1] for p in pairs]
     if all(x > 0 for x in xs):
         k = rs[0] // xs[0]
         if k >= 1 and all(x == r // k for x, r in zip(xs, rs)):
@@ -138,9 +146,18 @@ def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
         if name not in names:
             raise SourceError(f"--rate {name}=...: {path} has no array named '{name}' "
                               f"(arrays: {', '.join(names)})")
-        if rates[name] <= 0:
-            raise SourceError(f"--rate {name}={rates[name]}: a rate must be positive")
+        rate = rates[name]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or \
+                not math.isfinite(rate) or rate <= 0:
+            raise SourceError(f"--rate {name}={rate}: a rate must be a positive, finite "
+                              "number of samples per second (e.g. 16000)")
+    if isinstance(time_axis, bool) or not isinstance(time_axis, int):
+        raise SourceError(f"--time-axis {time_axis!r}: must be a whole number (-1: last)")
     ndims = {n: len(items[0].shapes[n]) for n in names}
+    for n in rates:
+        if ndims[n] and not -ndims[n] <= time_axis < ndims[n]:
+            raise SourceError(f"--time-axis {time_axis}: '{n}' has {ndims[n]} dimension(s), "
+                              f"so the time axis must be from {-ndims[n]} to {ndims[n] - 1}")
     arrays: dict[str, ArrayInfo] = {}
     for n in names:
         if n in rates:
@@ -149,7 +166,7 @@ def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
             arrays[n] = ArrayInfo(float(rates[n]), _axis(ndims[n], time_axis))
     _check_rates(items, arrays, path)
     for n in names:
-        if n in arrays or ndims[n] == 0 or not arrays:
+        if n in arrays or ndims[n] == 0 or not arrays or not -ndims[n] <= time_axis < ndims[n]:
             continue
         axis = _axis(ndims[n], time_axis)
         xs = [it.shapes[n][axis] for it in items]

@@ -21,6 +21,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from zstore.cache.tiers import TieredCache
 from zstore.config import CacheConfig, as_cache_config
+from zstore.errors import StoreFormatError
 from zstore.layout import MANIFEST_ATTR, Manifest
 from zstore.origin import Origin, zarr_store
 
@@ -45,12 +46,21 @@ def read_root_metadata(url: str, storage_options: dict[str, Any] | None,
     """The root ``zarr.json`` of a store (one read; holds consolidated metadata)."""
     origin = Origin(url, storage_options, fs=fs)
     try:
-        return json.loads(origin.read("zarr.json"))
+        meta = json.loads(origin.read("zarr.json"))
     except FileNotFoundError:
-        from zstore.errors import StoreFormatError
-
         raise StoreFormatError(f"{url}: no zarr.json at the root; is this a Zarr v3 store "
                                "written by 'zstore convert'?") from None
+    except (NotADirectoryError, IsADirectoryError):
+        raise StoreFormatError(f"{url}: not a directory holding a Zarr v3 store; pass the "
+                               "store's directory (the one 'zstore convert' wrote)") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise StoreFormatError(f"{url}/zarr.json is not valid JSON ({e}): the store's root "
+                               "metadata is damaged or truncated; restore it from a good copy "
+                               "or reconvert the store") from None
+    if not isinstance(meta, dict):
+        raise StoreFormatError(f"{url}/zarr.json does not hold a JSON object: the store's "
+                               "root metadata is damaged; restore it or reconvert the store")
+    return meta
 
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = None
@@ -77,7 +87,8 @@ class CachedStore(Store):
     supports_listing = True
 
     def __init__(self, url: str, *, store_id: str, cache: CacheConfig | None = None,
-                 storage_options: dict[str, Any] | None = None, read_only: bool = True):
+                 storage_options: dict[str, Any] | None = None, read_only: bool = True,
+                 complete: bool = False):
         super().__init__(read_only=True)
         if not read_only:
             raise ValueError(f"{url}: zstore's cached store is read-only; write through "
@@ -86,12 +97,14 @@ class CachedStore(Store):
         self.store_id = store_id
         self.cache = cache
         self.storage_options = dict(storage_options or {})
+        self.complete = complete
+        self._arrays: frozenset[str] | None = None
         self._origin = zarr_store(self.url, self.storage_options, read_only=True)
         self.tiers = TieredCache(cache.resolved(), store_id) if cache is not None else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "store_id": self.store_id, "cache": self.cache,
-                "storage_options": self.storage_options}
+                "storage_options": self.storage_options, "complete": self.complete}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -105,7 +118,8 @@ class CachedStore(Store):
 
     def with_read_only(self, read_only: bool = False) -> CachedStore:
         return CachedStore(self.url, store_id=self.store_id, cache=self.cache,
-                           storage_options=self.storage_options, read_only=read_only)
+                           storage_options=self.storage_options, read_only=read_only,
+                           complete=self.complete)
 
     async def _fetch(self, key: str, prototype: BufferPrototype,
                      byte_range: ByteRequest | None) -> bytes | None:
@@ -122,15 +136,37 @@ class CachedStore(Store):
                   byte_range: ByteRequest | None = None) -> Buffer | None:
         await self._ensure_open()
         if self.tiers is None:
-            return await self._origin.get(key, prototype, byte_range)
+            buf = await self._origin.get(key, prototype, byte_range)
+            if buf is None:
+                self._check_missing(key)
+            return buf
         ckey = key + range_suffix(byte_range)
         value = self.tiers.lookup(ckey)
         if value is None:
             value = await self._fetch(key, prototype, byte_range)
             if value is None:
+                self._check_missing(key)
                 return None  # missing at the origin: zarr reads the fill value
             self.tiers.fill(ckey, value)
         return prototype.buffer.from_bytes(value)
+
+    def _check_missing(self, key: str) -> None:
+        """Raise for a chunk object that a complete store must hold (zarr would read the
+        fill value, i.e. zeros, for it); other missing keys are zarr's business."""
+        if not self.complete:
+            return
+        array = key[:-2] if key.endswith("/c") else key.rpartition("/c/")[0]
+        if not array:
+            return
+        if self._arrays is None:
+            metas = read_manifest(self.url, self.storage_options)[1]
+            self._arrays = frozenset(p for p, m in metas.items()
+                                     if m.get("node_type") == "array")
+        if array in self._arrays:
+            from zstore.fetch import missing_error
+
+            item, _, name = array.rpartition("/")
+            raise missing_error(self.url, key, item, name, "object")
 
     def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
                  byte_range: ByteRequest | None = None) -> Buffer | None:
@@ -181,11 +217,13 @@ def open_store(url: str, *, cache: CacheConfig | bool | None = None,
     url = str(url)
     config = as_cache_config(cache)
     meta = read_root_metadata(url, storage_options)
-    store_id = meta.get("attributes", {}).get(MANIFEST_ATTR, {}).get("store_id")
+    manifest = meta.get("attributes", {}).get(MANIFEST_ATTR, {})
+    store_id = manifest.get("store_id")
     if store_id is None and config is not None:
         warnings.warn(f"{url} has no zstore manifest, so it is read without the cache "
                       "(a cache needs the store id to stay correct); convert it with "
                       "'zstore convert'", stacklevel=2)
         config = None
     return CachedStore(url, store_id=store_id or "", cache=config,
-                       storage_options=storage_options)
+                       storage_options=storage_options,
+                       complete=bool(manifest.get("all_chunks_written")))

@@ -32,6 +32,19 @@ def _option_value(text: str) -> Any:
         return text
 
 
+def _count(minimum: int) -> Any:
+    """An argparse type: a whole number of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+    return parse
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     opts = _pairs(args.storage_option, "--storage-option", _option_value)
     if args.endpoint_url:
@@ -154,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = csub.add_parser("warm", help="fill the tiers from the origin before training")
     s.add_argument("store")
     s.add_argument("--fields", nargs="+", help="arrays to warm (default: all time arrays)")
-    s.add_argument("--workers", type=int, default=4, help="parallel readers (4)")
+    s.add_argument("--workers", type=_count(1), default=4, help="parallel readers (4)")
     s.add_argument("--no-progress", action="store_true")
     _cache_options(s)
     _remote_options(s)
@@ -162,9 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="generate, convert and read a small data set")
     p.add_argument("--dir", default="zstore-demo", help="working directory (./zstore-demo)")
-    p.add_argument("--items", type=int, default=16)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
+    p.add_argument("--items", type=_count(1), default=16, help="recordings to generate (16)")
+    p.add_argument("--epochs", type=_count(1), default=3, help="epochs to read (3)")
+    p.add_argument("--workers", type=_count(0), default=2, help="DataLoader workers (2)")
     p.set_defaults(func=cmd_demo)
     return parser
 

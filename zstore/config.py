@@ -19,6 +19,7 @@ from typing import Any
 from zstore.errors import ConfigError
 
 AUTO = "auto"
+RAM_FORMATS = ("auto", "decoded", "encoded")
 
 _UNITS = {
     "": 1, "b": 1,
@@ -133,8 +134,10 @@ class CacheConfig:
             Default: half the free tmpfs, at most a quarter of RAM.  0 disables it.
         ram_dir: the RAM tier's directory, on tmpfs.  Default ``/dev/shm/zstore``.
             ``None`` disables the tier.
-        ram_format: ``"decoded"`` keeps whole decoded shards in RAM (fast hits,
-            about 2x the room) or ``"encoded"`` keeps the compressed bytes.
+        ram_format: ``"auto"`` (the default) chooses per store from its decoded
+            and compressed size against the budget (see :mod:`zstore.cache.choice`);
+            ``"decoded"`` keeps whole decoded shards in RAM (fast hits, about 2x the
+            room); ``"encoded"`` keeps the compressed bytes.
         ssd_bytes: byte budget of the SSD tier.  Default: half the disk's free space.
         ssd_dir: the SSD tier's directory, on local disk.  Default
             ``~/.cache/zstore``.  ``None`` disables the tier.
@@ -174,10 +177,10 @@ class CacheConfig:
             raw["ram_bytes"], origin["ram_bytes"], lambda: default_ram_bytes(ram_dir))
         ssd_bytes = 0 if ssd_dir is None else _resolve_bytes(
             raw["ssd_bytes"], origin["ssd_bytes"], lambda: default_ssd_bytes(ssd_dir))
-        ram_format = "decoded" if raw["ram_format"] == AUTO else str(raw["ram_format"])
-        if ram_format not in ("decoded", "encoded"):
-            raise ConfigError(f"{origin['ram_format']} must be 'decoded' or 'encoded', got "
-                              f"{ram_format!r}")
+        ram_format = str(raw["ram_format"])
+        if ram_format not in RAM_FORMATS:
+            raise ConfigError(f"{origin['ram_format']} must be 'auto', 'decoded' or 'encoded', "
+                              f"got {ram_format!r}")
         fetch = str(raw["fetch"])
         if fetch not in ("auto", "range", "shard"):
             raise ConfigError(f"{origin['fetch']} must be 'auto', 'range' or 'shard', got "

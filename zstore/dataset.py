@@ -95,7 +95,8 @@ class WindowDataset(torch.utils.data.Dataset):
         self.short = short
         self.transform = transform
         self.reader = WindowReader(self.url, cache=as_cache_config(cache),
-                                   storage_options=storage_options, origin_fs=origin_fs)
+                                   storage_options=storage_options, origin_fs=origin_fs,
+                                   fields=self.fields)
         self._setup()
         if self.short_items and short != "error":
             what = "padded with zeros" if short == "pad" else "left out"

@@ -20,22 +20,28 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from zstore.cache.tiers import TieredCache
+from zstore.cache.choice import FormatChoice
+from zstore.cache.choice import choose as choose_format
+from zstore.cache.choice import record as record_format
+from zstore.cache.tiers import TieredCache, node_dir
 from zstore.cache.value import Checked
 from zstore.config import CacheConfig, ResolvedCache
 from zstore.errors import IntegrityError, StoreFormatError
 from zstore.fetch import ChunkSource
 from zstore.layout import ArrayLayout, Span, parse_array_meta
 from zstore.origin import Origin, is_url
+from zstore.sizing import field_sizes
 from zstore.store import CachedStore, read_manifest
 
 MAX_MAPS = 4096  # decoded shards a process keeps mapped (vm.max_map_count is ~65k)
 SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
 UNMAP_EVERY = 0.2  # seconds between an idle process's checks for evicted shards
+PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
 Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
 
 
@@ -43,20 +49,23 @@ class WindowReader:
     """Reads windows of a zstore store.  Opens lazily, once per process; pickles small."""
 
     def __init__(self, url: str, *, cache: CacheConfig | None = None,
-                 storage_options: dict[str, Any] | None = None, origin_fs: Any = None):
+                 storage_options: dict[str, Any] | None = None, origin_fs: Any = None,
+                 fields: Sequence[str] | None = None):
         self.url = str(url) if is_url(str(url)) else os.path.abspath(str(url))
         self.cache = cache
         self.storage_options = dict(storage_options or {})
         self.origin_fs = origin_fs
+        self.fields = list(fields) if fields is not None else None  # sizes the RAM format
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "cache": self.cache, "storage_options": self.storage_options,
-                "origin_fs": self.origin_fs}
+                "origin_fs": self.origin_fs, "fields": self.fields}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], cache=state["cache"],
-                      storage_options=state["storage_options"], origin_fs=state["origin_fs"])
+                      storage_options=state["storage_options"], origin_fs=state["origin_fs"],
+                      fields=state.get("fields"))
 
     def open(self) -> WindowReader:
         """Read the manifest and set up this process's handles (idempotent per process)."""
@@ -66,6 +75,7 @@ class WindowReader:
                                                    self.origin_fs)
         resolved: ResolvedCache | None = self.cache.resolved() if self.cache else None
         self.tiers = TieredCache(resolved, self.manifest.store_id) if resolved else None
+        self.format_choice = self._choose_format(resolved) if self.tiers else None
         self.origin = Origin(self.url, self.storage_options, fs=self.origin_fs,
                              max_requests=resolved.max_requests if resolved else 16)
         self.fetch = self._fetch_mode(resolved)
@@ -83,6 +93,21 @@ class WindowReader:
         self._group: Any = None
         self._pid = os.getpid()
         return self
+
+    def _choose_format(self, resolved: ResolvedCache) -> FormatChoice:
+        """Settle ``ram_format`` for this store and size the tiers' admission periods."""
+        tiers: TieredCache = self.tiers  # type: ignore[assignment]
+        sizes = field_sizes(self.manifest, self._metas, self.fields)
+        choice = choose_format(resolved, sizes.decoded_bytes, sizes.stored_bytes)
+        tiers.ram_format = choice.format
+        # Halve the access counts every few passes over the values (see cache.admission).
+        if tiers.ram is not None:
+            tiers.ram.set_period(PASSES * (sizes.shards if choice.format == "decoded"
+                                           else sizes.chunks))
+        if tiers.ssd is not None:
+            tiers.ssd.set_period(PASSES * sizes.chunks)
+        record_format(node_dir(resolved, "formats"), self.manifest.store_id, choice)
+        return choice
 
     def _fetch_mode(self, resolved: ResolvedCache | None) -> str:
         mode = resolved.fetch if resolved else "range"
@@ -158,25 +183,37 @@ class WindowReader:
     def _chunks(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
         need = [(layout, k) for _, layout, span in plan
                 for k in layout.chunks_for(span.start, span.stop)]
-        arrays = self.source.chunks(need, ram=self.tiers is not None)
-        return {(layout.path, k): (k * layout.chunk, arr)
+        # With decoded shards in RAM, encoded chunks stay out of it (the SSD tier has them).
+        arrays = self.source.chunks(need, ram=self.tiers is not None and not self._decoded)
+        return {(layout.path, -1 - k): (k * layout.chunk, arr)  # keys apart from shards'
                 for (layout, k), arr in zip(need, arrays)}
 
     def _shards(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
+        """Mapped decoded shards of the window; a missing shard is built when the RAM
+        tier admits it, else the window's chunks in it are read and decoded instead."""
         pieces: Pieces = {}
         missing: list[tuple[ArrayLayout, int]] = []
-        for _, layout, span in plan:
+        direct: list[tuple[str, ArrayLayout, Span]] = []
+        ram = self.tiers.ram  # type: ignore[union-attr]
+        for name, layout, span in plan:
             for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
                 arr = self._mapped(layout, s)
                 if arr is not None and not self._checked(layout, s, arr, span):
                     arr = None
-                if arr is None:
-                    missing.append((layout, s))
-                else:
+                if arr is not None:
                     pieces[(layout.path, s)] = (s * layout.shard, arr)
+                elif ram.admits(self.tiers.key(_decoded_key(layout, s)),  # type: ignore
+                                _shard_nbytes(layout, s), blocked=True):
+                    missing.append((layout, s))
+                else:  # the part of the window in this shard, from its chunks
+                    lo, hi = max(span.start, s * layout.shard), min(span.stop,
+                                                                  (s + 1) * layout.shard)
+                    direct.append((name, layout, Span(lo, hi)))
         if missing:
             for (layout, s), arr in zip(missing, self._build(missing)):
                 pieces[(layout.path, s)] = (s * layout.shard, arr)
+        if direct:
+            pieces.update(self._chunks(direct))
         return pieces
 
     def _checked(self, layout: ArrayLayout, s: int, arr: np.ndarray, span: Span) -> bool:
@@ -213,6 +250,7 @@ class WindowReader:
                 self._drop_evicted()
                 return self._mapped(layout, s, again)
             tiers.stats.add("ram_hits")
+            tiers.ram.touch(tiers.key(_decoded_key(layout, s)))  # type: ignore[union-attr]
             return entry[0]
         got = tiers.ram.get_mapped(tiers.key(_decoded_key(layout, s)),  # type: ignore
                                    count_miss=not again)
@@ -358,6 +396,10 @@ def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def _decoded_key(layout: ArrayLayout, s: int) -> str:
     """The RAM-tier key (before the store's namespace) of shard ``s`` decoded."""
     return f"{layout.object_key(s)}#D"
+
+
+def _shard_nbytes(layout: ArrayLayout, s: int) -> int:
+    return int(np.prod(_shard_shape(layout, s))) * layout.dtype.itemsize
 
 
 def _shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:

@@ -16,8 +16,11 @@ import numpy as np
 TIERS = ("ram", "ssd")
 TIER_FIELDS = ("hits", "misses", "hit_bytes", "fills", "fill_bytes", "evictions",
                "bypassed", "corrupt", "errors")
+#: Added later: kept after the first fields so counter files keep their slots.
+LATER_TIER_FIELDS = ("rejected",)
 FIELDS = tuple(f"{t}_{f}" for t in TIERS for f in TIER_FIELDS) + (
-    "origin_requests", "origin_bytes", "origin_errors")
+    "origin_requests", "origin_bytes", "origin_errors") + tuple(
+    f"{t}_{f}" for t in TIERS for f in LATER_TIER_FIELDS)
 _INDEX = {name: i for i, name in enumerate(FIELDS)}
 _SLOTS = 64  # room to add counters without changing the file size
 
@@ -113,7 +116,7 @@ def summarize(counts: dict[str, int], usage: dict[str, Any]) -> dict[str, Any]:
     """Group raw counters by tier and add hit rates and on-disk bytes."""
     out: dict[str, Any] = {}
     for tier in TIERS:
-        t = {f: counts[f"{tier}_{f}"] for f in TIER_FIELDS}
+        t = {f: counts[f"{tier}_{f}"] for f in TIER_FIELDS + LATER_TIER_FIELDS}
         looked = t["hits"] + t["misses"]
         t["hit_rate"] = round(t["hits"] / looked, 4) if looked else 0.0
         t.update(usage.get(tier, {}))

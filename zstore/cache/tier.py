@@ -20,6 +20,7 @@ from typing import Any
 import diskcache
 import numpy as np
 
+from zstore.cache.admission import FrequencySketch, admit, sketch_bytes, sketch_width
 from zstore.cache.evictions import EvictionLog
 from zstore.cache.stats import Stats
 from zstore.cache.value import Checked, Parts, header, header_size, open_value
@@ -54,6 +55,10 @@ def network_fs_type(path: str) -> str | None:
     return kind if kind in NETWORK_FS else None
 
 
+class _Refused(Exception):
+    """Admission refused a value (internal: aborts the insert's transaction)."""
+
+
 class _Disk(diskcache.Disk):
     """diskcache's Disk with page-rounded sizes and one level of 256 subdirectories."""
 
@@ -79,12 +84,19 @@ class Tier:
     (connections are reopened in a new process), pickles as its settings.
     """
 
-    def __init__(self, name: str, directory: str, budget: int, stats: Stats):
+    def __init__(self, name: str, directory: str, budget: int, stats: Stats,
+                 admission: bool = False):
         self.name = name
         self.directory = directory
         self.budget = int(budget)
         self.reserve = min(2 * 2**20, self.budget // 4)  # SQLite WAL, -shm, directories
         self.stats = stats
+        self.admission = admission
+        self.sketch = None
+        if admission:
+            width = sketch_width(self.budget)
+            self.sketch = FrequencySketch(directory, width)
+            self.reserve += rounded(sketch_bytes(width))
         self.evictions = EvictionLog(directory)
         self._pid = -1
         self._cache: diskcache.Cache | None = None
@@ -92,7 +104,7 @@ class Tier:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "directory": self.directory, "budget": self.budget,
-                "stats": self.stats}
+                "stats": self.stats, "admission": self.admission}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -184,6 +196,8 @@ class Tier:
         cache = self._open()
         if cache is None:
             return None
+        if count_miss:  # a first lookup, not a recheck under a lock
+            self.touch(key)
         ino = 0
         try:
             handle = cache.get(key, default=None, read=True)
@@ -225,6 +239,31 @@ class Tier:
             self._warn("dropping a corrupt value failed", e)
         return None
 
+    def touch(self, key: str) -> None:
+        """Count an access of ``key`` for admission (also for hits served from a map)."""
+        if self.sketch is not None:
+            self.sketch.touch(key)
+
+    def set_period(self, accesses: int) -> None:
+        """How many accesses the admission counts last before they are halved."""
+        if self.sketch is not None and self._open() is not None:
+            self.sketch.set_period(accesses)
+
+    def admits(self, key: str, nbytes: int, *, blocked: bool = False) -> bool:
+        """Whether :meth:`put` would store a value of ``nbytes`` under ``key`` now: it fits
+        in the free room, or admission lets it displace resident values."""
+        if not self.fits(nbytes, blocked=blocked):
+            return False
+        cache = self._open()
+        if cache is None:
+            return False
+        need = rounded(header_size(nbytes, blocked=blocked) + nbytes)
+        try:
+            return self._choose_victims(cache, cache._sql, key, need) is not None
+        except Exception as e:
+            self._warn("read failed", e)
+            return False
+
     def fits(self, nbytes: int, *, blocked: bool = False) -> bool:
         """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""
         return rounded(header_size(nbytes, blocked=blocked) + nbytes) + self.reserve \
@@ -250,12 +289,15 @@ class Tier:
         evicted: list[int] = []
         try:
             with cache._transact(retry=True) as (sql, cleanup):
-                evicted = self._make_room(cache, sql, cleanup, need)
+                evicted = self._make_room(cache, sql, cleanup, need, key)
                 cache.set(key, Parts(head, payload), read=True, retry=True)
             # Logged once committed and unlinked, not before: a reader whose snapshot
             # predates the commit may still open an evicted file until it is unlinked,
             # and it must see that file's inode in the log after it has mapped it.
             self.evictions.record(evicted)
+        except _Refused:  # admission keeps the resident values
+            self.stats.add(f"{self.name}_rejected")
+            return False
         except Exception as e:  # full disk, deleted or read-only directory
             if disk.last_path:
                 try:
@@ -268,23 +310,46 @@ class Tier:
         self.stats.add(f"{self.name}_fill_bytes", len(head) + len(payload))
         return True
 
-    def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int
-                   ) -> list[int]:
-        """Delete the oldest-stored values until ``need`` more bytes fit; their inodes."""
+    def _choose_victims(self, cache: diskcache.Cache, sql: Any, key: str, need: int
+                        ) -> list[tuple[int, str]] | None:
+        """The values to evict so that ``need`` more bytes fit (oldest stored first; with
+        admission, the least used of the oldest), or None when admission refuses."""
+        excess = cache.volume() + need - (self.budget - self.reserve)
+        if excess <= 0:
+            return []
+        if self.sketch is None:
+            rows = sql("SELECT rowid, filename, size FROM Cache ORDER BY store_time LIMIT 64"
+                       ).fetchall()
+        else:
+            rows = sql("SELECT rowid, filename, size, key FROM Cache ORDER BY store_time "
+                       "LIMIT 32").fetchall()
+            used = {r[0]: self.sketch.estimate(r[3]) for r in rows}
+            rows.sort(key=lambda r: used[r[0]])  # stable: oldest first among equals
+        victims, counts = [], []
+        for row in rows:
+            victims.append((row[0], row[1]))
+            excess -= row[2]
+            if self.sketch is not None:
+                counts.append(used[row[0]])
+            if excess <= 0:
+                break
+        if self.sketch is not None and not admit(self.sketch.estimate(key), counts):
+            return None
+        return victims
+
+    def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int,
+                   key: str) -> list[int]:
+        """Delete values until ``need`` more bytes fit; their inodes.  Raises
+        :class:`_Refused` when admission keeps the resident values."""
         limit = self.budget - self.reserve
         excess = cache.volume() + need - limit
         inodes: list[int] = []
         while excess > 0:
-            rows = sql("SELECT rowid, filename, size FROM Cache ORDER BY store_time LIMIT 64"
-                       ).fetchall()
-            if not rows:
+            victims = self._choose_victims(cache, sql, key, need)
+            if victims is None:
+                raise _Refused  # rolls back what this transaction deleted so far
+            if not victims:
                 break
-            victims = []
-            for rowid, filename, size in rows:
-                victims.append((rowid, filename))
-                excess -= size
-                if excess <= 0:
-                    break
             sql("DELETE FROM Cache WHERE rowid IN (%s)" % ",".join(str(r) for r, _ in victims))
             for _, filename in victims:
                 try:

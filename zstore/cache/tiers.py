@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from zstore.cache.choice import recorded
 from zstore.cache.locks import StripedLocks
 from zstore.cache.stats import Stats, read_stats, summarize
 from zstore.cache.tier import Tier
@@ -31,10 +32,13 @@ class TieredCache:
         self.config = config
         self.namespace = namespace
         self.stats = Stats(node_dir(config, "stats"))
-        self.ram = Tier("ram", config.ram_dir, config.ram_bytes, self.stats) \
+        self.ram = Tier("ram", config.ram_dir, config.ram_bytes, self.stats, admission=True) \
             if config.ram_dir and config.ram_bytes else None
-        self.ssd = Tier("ssd", config.ssd_dir, config.ssd_bytes, self.stats) \
+        self.ssd = Tier("ssd", config.ssd_dir, config.ssd_bytes, self.stats, admission=True) \
             if config.ssd_dir and config.ssd_bytes else None
+        #: What the RAM tier holds for this store: "decoded" or "encoded" (the reader
+        #: settles "auto" once it knows the store's size, see zstore.cache.choice).
+        self.ram_format = "encoded" if config.ram_format == "encoded" else "decoded"
         lock_dir = node_dir(config, "locks")
         self.fill_locks = StripedLocks(lock_dir, "e") if lock_dir else None
         self.decode_locks = StripedLocks(lock_dir, "d") if lock_dir else None
@@ -42,7 +46,7 @@ class TieredCache:
     @property
     def decoded(self) -> bool:
         """True when the RAM tier holds decoded shards (the reader's fast path)."""
-        return self.ram is not None and self.config.ram_format == "decoded"
+        return self.ram is not None and self.ram_format == "decoded"
 
     def key(self, key: str) -> str:
         return f"{self.namespace}/{key}"
@@ -126,6 +130,7 @@ def cache_stats(cache: CacheConfig | None = None) -> dict[str, Any]:
     result["config"] = {"ram_dir": config.ram_dir, "ram_bytes": config.ram_bytes,
                         "ssd_dir": config.ssd_dir, "ssd_bytes": config.ssd_bytes,
                         "ram_format": config.ram_format}
+    result["formats"] = recorded(node_dir(config, "formats"))
     return result
 
 

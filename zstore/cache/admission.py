@@ -1,0 +1,137 @@
+"""Admission for a full tier: keep a stable resident set under random access.
+
+Under uniform random windows no cache hits more often than budget / data, whatever it
+evicts; evicting on every miss only adds the cost of filling what is evicted next
+(measured: a decoded RAM tier at a third of the data built 2.8x the bytes it served
+and read 24 windows/s, see docs/benchmarks.md).  So once a tier is full, a new value
+displaces resident ones only when it is clearly used more often than they are
+(TinyLFU-style).  Access counts live in a node-shared count-min sketch, a small file
+in the tier's directory that every process maps; counts are halved every ``period``
+accesses, so a changed access pattern (another subset, another store) wins its place
+within a few periods.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+ROWS = 4
+HEADER = 16  # uint64 accesses since the last halving, uint64 period
+MIN_PERIOD = 4096
+
+
+def sketch_width(budget: int) -> int:
+    """Counters per row for a tier of ``budget`` bytes: about one per 64 KiB of budget
+    (values are rarely smaller), from 1,024 to 2**20 (8 KiB to 8 MiB of sketch)."""
+    want = max(1, budget // 65536)
+    return min(1 << 20, max(1024, 1 << (want - 1).bit_length()))
+
+
+def sketch_bytes(width: int) -> int:
+    return HEADER + ROWS * width * 2
+
+
+_ROW_INDEX = np.arange(ROWS)
+
+
+class FrequencySketch:
+    """Approximate access counts of keys, shared by every process on the node.
+
+    Increments race without a lock (a lost increment only blurs an estimate); halving
+    takes a non-blocking flock so two processes do not halve at once.
+    """
+
+    def __init__(self, directory: str, width: int):
+        self.path = os.path.join(directory, "frequency.bin")
+        self.width = width  # for a new sketch; an existing one keeps its own
+        self._pid = -1
+        self._map: mmap.mmap | None = None
+        self._counts: np.ndarray | None = None
+        self._head: np.ndarray | None = None
+        self._fd = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": os.path.dirname(self.path), "width": self.width}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"], state["width"])
+
+    def _open(self) -> bool:
+        if self._pid == os.getpid():
+            return self._counts is not None
+        self._pid, self._counts = os.getpid(), None
+        try:
+            if not os.path.exists(self.path):
+                tmp = f"{self.path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.truncate(sketch_bytes(self.width))
+                os.replace(tmp, self.path)
+            fd = os.open(self.path, os.O_RDWR)
+            size = os.fstat(fd).st_size
+            width = (size - HEADER) // (2 * ROWS)
+            if width < 1 or size != sketch_bytes(width):
+                os.close(fd)
+                return False
+            self._map = mmap.mmap(fd, size)
+            self._fd = fd
+        except OSError:
+            return False
+        self._head = np.frombuffer(self._map, dtype=np.uint64, count=2)
+        self._counts = np.frombuffer(self._map, dtype=np.uint16, offset=HEADER).reshape(
+            ROWS, width)
+        return True
+
+    def _slots(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        digest = hashlib.blake2b(key.encode(), digest_size=4 * ROWS).digest()
+        cols = np.frombuffer(digest, dtype=np.uint32) % self._counts.shape[1]  # type: ignore
+        return _ROW_INDEX, cols
+
+    def touch(self, key: str) -> None:
+        """Count one access of ``key``."""
+        if not self._open():
+            return
+        rows, cols = self._slots(key)
+        counts, head = self._counts, self._head
+        cells = counts[rows, cols]  # type: ignore[index]
+        counts[rows, cols] = np.minimum(cells + 1, 65535)  # type: ignore[index]
+        head[0] += 1  # type: ignore[index]
+        period = max(int(head[1]), MIN_PERIOD)  # type: ignore[index]
+        if head[0] >= period:  # type: ignore[index]
+            self._halve()
+
+    def estimate(self, key: str) -> int:
+        """How often ``key`` was accessed lately (an overestimate at worst)."""
+        if not self._open():
+            return 0
+        rows, cols = self._slots(key)
+        return int(self._counts[rows, cols].min())  # type: ignore[index]
+
+    def set_period(self, accesses: int) -> None:
+        """Halve the counts every ``accesses`` accesses (about 10x the resident entries)."""
+        if self._open():
+            self._head[1] = max(int(accesses), MIN_PERIOD)  # type: ignore[index]
+
+    def _halve(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # another process is halving
+        try:
+            if self._head[0] >= max(int(self._head[1]), MIN_PERIOD):  # type: ignore[index]
+                self._counts >>= 1  # type: ignore[operator]
+                self._head[0] = 0  # type: ignore[index]
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+def admit(candidate: int, victims: list[int]) -> bool:
+    """Whether a value used ``candidate`` times lately displaces values used ``victims``
+    times: only when clearly more popular than the most popular of them, so random
+    access, where every value is about as popular, leaves the resident set alone."""
+    return candidate > 2 * max(victims, default=0) + 1

@@ -104,10 +104,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
         t = stats[tier]
         where = stats["config"][f"{tier}_dir"] or "disabled"
         print(f"{tier}: {where}  hits {t['hits']}  misses {t['misses']}  hit rate "
-              f"{t['hit_rate']:.1%}  evictions {t['evictions']}  "
+              f"{t['hit_rate']:.1%}  evictions {t['evictions']}  refused {t['rejected']}  "
               f"{format_size(t.get('bytes_on_disk', 0))} of {format_size(t.get('budget', 0))}")
     o = stats["origin"]
     print(f"origin: {o['requests']} requests, {format_size(o['bytes'])}")
+    for store_id, choice in stats.get("formats", {}).items():
+        print(f"store {store_id}: RAM tier holds {choice['format']} data: {choice['reason']}")
     return 0
 
 

@@ -56,6 +56,8 @@ def run_demo(workdir: str = "zstore-demo", *, items: int = 16, epochs: int = 3,
           f"{format_size(stats['ram'].get('bytes_on_disk', 0))}")
     print(f"  read from the origin: {format_size(stats['origin']['bytes'])} in "
           f"{stats['origin']['requests']} requests")
+    for choice in stats.get("formats", {}).values():
+        print(f"  RAM tier format: {choice['format']}: {choice['reason']}")
     print(f"  store {format_size(report.store_bytes)} vs HDF5 "
           f"{format_size(os.path.getsize(h5))} ({report.store_bytes / os.path.getsize(h5):.2f}x)")
     if ram_dir.startswith("/dev/shm"):

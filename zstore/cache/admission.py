@@ -87,8 +87,9 @@ class FrequencySketch:
             ROWS, width)
         return True
 
-    def _slots(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        digest = hashlib.blake2b(key.encode(), digest_size=4 * ROWS).digest()
+    def _slots(self, key: str | bytes) -> tuple[np.ndarray, np.ndarray]:
+        raw = key if isinstance(key, bytes) else str(key).encode()
+        digest = hashlib.blake2b(raw, digest_size=4 * ROWS).digest()
         cols = np.frombuffer(digest, dtype=np.uint32) % self._counts.shape[1]  # type: ignore
         return _ROW_INDEX, cols
 
@@ -134,4 +135,4 @@ def admit(candidate: int, victims: list[int]) -> bool:
     """Whether a value used ``candidate`` times lately displaces values used ``victims``
     times: only when clearly more popular than the most popular of them, so random
     access, where every value is about as popular, leaves the resident set alone."""
-    return candidate > 2 * max(victims, default=0) + 1
+    return not victims or candidate > 2 * max(victims) + 1

@@ -259,10 +259,13 @@ class Tier:
             return False
         need = rounded(header_size(nbytes, blocked=blocked) + nbytes)
         try:
-            return self._choose_victims(cache, cache._sql, key, need) is not None
+            victims = self._choose_victims(cache, cache._sql, key, need)
         except Exception as e:
             self._warn("read failed", e)
             return False
+        if victims is None:
+            self.stats.add(f"{self.name}_rejected")
+        return victims is not None
 
     def fits(self, nbytes: int, *, blocked: bool = False) -> bool:
         """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""
@@ -312,25 +315,19 @@ class Tier:
 
     def _choose_victims(self, cache: diskcache.Cache, sql: Any, key: str, need: int
                         ) -> list[tuple[int, str]] | None:
-        """The values to evict so that ``need`` more bytes fit (oldest stored first; with
-        admission, the least used of the oldest), or None when admission refuses."""
+        """The values to evict so that ``need`` more bytes fit (oldest stored first), or
+        None when admission refuses (the newcomer is not clearly used more than they are)."""
         excess = cache.volume() + need - (self.budget - self.reserve)
         if excess <= 0:
             return []
-        if self.sketch is None:
-            rows = sql("SELECT rowid, filename, size FROM Cache ORDER BY store_time LIMIT 64"
-                       ).fetchall()
-        else:
-            rows = sql("SELECT rowid, filename, size, key FROM Cache ORDER BY store_time "
-                       "LIMIT 32").fetchall()
-            used = {r[0]: self.sketch.estimate(r[3]) for r in rows}
-            rows.sort(key=lambda r: used[r[0]])  # stable: oldest first among equals
+        rows = sql("SELECT rowid, filename, size, key FROM Cache ORDER BY store_time LIMIT 64"
+                   ).fetchall()
         victims, counts = [], []
-        for row in rows:
-            victims.append((row[0], row[1]))
-            excess -= row[2]
+        for rowid, filename, size, victim in rows:
+            victims.append((rowid, filename))
+            excess -= size
             if self.sketch is not None:
-                counts.append(used[row[0]])
+                counts.append(self.sketch.estimate(victim))
             if excess <= 0:
                 break
         if self.sketch is not None and not admit(self.sketch.estimate(key), counts):

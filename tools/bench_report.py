@@ -205,4 +205,11 @@ def write_report(results: dict[str, Any], out: str) -> None:
     notes = os.path.join(out, "benchmarks-notes.md")
     if os.path.exists(notes):
         lines += ["", open(notes).read().strip()]
-    open(os.path.join(out, "benchmarks.md"), "w").write("\n".join(lines) + "\n")
+    path = os.path.join(out, "benchmarks.md")
+    kept = ""  # the budget sweep's section (tools/bench_budget.py) survives a rerun
+    if os.path.exists(path):
+        text = open(path).read()
+        begin, end = "<!-- budget sweep: begin", "<!-- budget sweep: end -->"
+        if begin in text and end in text:
+            kept = "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"
+    open(path, "w").write("\n".join(lines) + "\n" + kept)

@@ -37,9 +37,6 @@ def sketch_bytes(width: int) -> int:
     return HEADER + ROWS * width * 2
 
 
-_ROW_INDEX = np.arange(ROWS)
-
-
 class FrequencySketch:
     """Approximate access counts of keys, shared by every process on the node.
 
@@ -52,8 +49,9 @@ class FrequencySketch:
         self.width = width  # for a new sketch; an existing one keeps its own
         self._pid = -1
         self._map: mmap.mmap | None = None
-        self._counts: np.ndarray | None = None
-        self._head: np.ndarray | None = None
+        self._counts: memoryview | None = None
+        self._head: memoryview | None = None
+        self._width = 0
         self._fd = -1
 
     def __getstate__(self) -> dict[str, Any]:
@@ -82,36 +80,36 @@ class FrequencySketch:
             self._fd = fd
         except OSError:
             return False
-        self._head = np.frombuffer(self._map, dtype=np.uint64, count=2)
-        self._counts = np.frombuffer(self._map, dtype=np.uint16, offset=HEADER).reshape(
-            ROWS, width)
+        # memoryviews, not numpy: a touch is on the hot path (a few us, not tens)
+        self._head = memoryview(self._map)[:HEADER].cast("Q")
+        self._counts = memoryview(self._map)[HEADER:].cast("H")
+        self._width = width
         return True
 
-    def _slots(self, key: str | bytes) -> tuple[np.ndarray, np.ndarray]:
+    def _slots(self, key: str | bytes) -> list[int]:
         raw = key if isinstance(key, bytes) else str(key).encode()
-        digest = hashlib.blake2b(raw, digest_size=4 * ROWS).digest()
-        cols = np.frombuffer(digest, dtype=np.uint32) % self._counts.shape[1]  # type: ignore
-        return _ROW_INDEX, cols
+        h = int.from_bytes(hashlib.blake2b(raw, digest_size=4 * ROWS).digest(), "little")
+        w = self._width
+        return [r * w + ((h >> (32 * r)) & 0xFFFFFFFF) % w for r in range(ROWS)]
 
     def touch(self, key: str) -> None:
         """Count one access of ``key``."""
         if not self._open():
             return
-        rows, cols = self._slots(key)
         counts, head = self._counts, self._head
-        cells = counts[rows, cols]  # type: ignore[index]
-        counts[rows, cols] = np.minimum(cells + 1, 65535)  # type: ignore[index]
+        for i in self._slots(key):
+            if counts[i] < 65535:  # type: ignore[index]
+                counts[i] += 1  # type: ignore[index]
         head[0] += 1  # type: ignore[index]
-        period = max(int(head[1]), MIN_PERIOD)  # type: ignore[index]
-        if head[0] >= period:  # type: ignore[index]
+        if head[0] >= max(head[1], MIN_PERIOD):  # type: ignore[index]
             self._halve()
 
-    def estimate(self, key: str) -> int:
+    def estimate(self, key: str | bytes) -> int:
         """How often ``key`` was accessed lately (an overestimate at worst)."""
         if not self._open():
             return 0
-        rows, cols = self._slots(key)
-        return int(self._counts[rows, cols].min())  # type: ignore[index]
+        counts = self._counts
+        return min(counts[i] for i in self._slots(key))  # type: ignore[index]
 
     def set_period(self, accesses: int) -> None:
         """Halve the counts every ``accesses`` accesses (about 10x the resident entries)."""
@@ -124,8 +122,11 @@ class FrequencySketch:
         except OSError:
             return  # another process is halving
         try:
-            if self._head[0] >= max(int(self._head[1]), MIN_PERIOD):  # type: ignore[index]
-                self._counts >>= 1  # type: ignore[operator]
+            if self._head[0] >= max(self._head[1], MIN_PERIOD):  # type: ignore[index]
+                counts = np.frombuffer(self._map, dtype=np.uint16,  # type: ignore[arg-type]
+                                       offset=HEADER)
+                counts >>= 1
+                del counts
                 self._head[0] = 0  # type: ignore[index]
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -162,3 +162,47 @@ def test_corrupt_chunks_behind_a_full_ram_tier_are_refetched(small_store, tmp_pa
     again = WindowReader(small_store, cache=cfg).read(item, span)["wav"]
     np.testing.assert_array_equal(again, root[f"{item}/wav"][:, 16000:48000])
     assert zstore.cache_stats(cfg)["ssd"]["corrupt"] > 0
+
+
+@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
+def test_corrupt_shards_in_ram_are_dropped_and_rebuilt(small_store, tmp_path, ram_format):
+    root = zarr.open_group(small_store, mode="r")
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format,
+                             ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
+    item = sorted(root.group_keys())[2]
+    spans = {"wav": Span(8000, 40000), "act": Span(50, 250)}
+    WindowReader(small_store, cache=cfg).read(item, spans)
+    flipped = 0
+    for dirpath, _, files in os.walk(tmp_path / "ram"):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if name.endswith(".val") and os.path.getsize(path) > 8192:
+                data = bytearray(open(path, "rb").read())
+                for i in range(4096, len(data), 4096):  # every block of the payload
+                    data[i] ^= 0xFF
+                open(path, "wb").write(bytes(data))
+                flipped += 1
+    assert flipped
+    got = WindowReader(small_store, cache=cfg).read(item, spans)  # a fresh process's maps
+    np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, 8000:40000])
+    np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, 50:250])
+    assert zstore.cache_stats(cfg)["ram"]["corrupt"] > 0
+
+
+def test_encoded_ram_hits_are_one_lookup_per_shard_per_process(small_store, tmp_path):
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="encoded",
+                             ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
+    root = zarr.open_group(small_store, mode="r")
+    item = sorted(root.group_keys())[4]
+    reader = WindowReader(small_store, cache=cfg)
+    spans = {"wav": Span(16000, 64000), "act": Span(100, 400)}
+    reader.read(item, spans)  # builds the encoded shards
+    reader.read(item, spans)  # maps them
+    before = zstore.cache_stats(cfg)
+    for _ in range(5):
+        got = reader.read(item, spans)
+    after = zstore.cache_stats(cfg)
+    np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, 16000:64000])
+    assert after["ssd"]["hits"] == before["ssd"]["hits"]  # no per-chunk lookups at all
+    assert after["ram"]["misses"] == before["ram"]["misses"]
+    assert after["ram"]["hits"] - before["ram"]["hits"] == 5 * 2  # one per shard per read

@@ -22,9 +22,9 @@ def run_ranks(url, cache, n, items, epochs=2):
 
 @pytest.mark.parametrize("ram_format,ram_bytes", [("decoded", "64MB"), ("encoded", "1MB")])
 def test_four_processes_share_one_cache(small_store, tmp_path, ram_format, ram_bytes):
-    """Decoded: every shard fits, so the origin requests are exactly one process's.
-    Encoded, a RAM tier smaller than the data (it must evict or refuse): each chunk
-    still comes from the origin once for the node (the SSD tier holds the store)."""
+    """Decoded, every shard fits: the origin requests are exactly one process's.  Encoded,
+    a RAM tier smaller than the data (it must refuse or evict): each chunk still comes
+    from the origin once for the node (the SSD tier holds the store)."""
     root = zarr.open_group(small_store, mode="r")
     shared = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes=ram_bytes,
                                 ram_format=ram_format, ssd_dir=tmp_path / "ssd",
@@ -49,12 +49,13 @@ def test_four_processes_share_one_cache(small_store, tmp_path, ram_format, ram_b
         got = np.frombuffer(wav, dtype=np.float32).reshape(2, -1)[:, :expected.shape[1]]
         np.testing.assert_array_equal(got, expected)
     stats, ref_stats = zstore.cache_stats(shared), zstore.cache_stats(reference)
-    # Each chunk and shard index came from the origin once for the whole node: as many
-    # bytes as one process alone reads -- not four times as many.
-    assert stats["origin"]["bytes"] == ref_stats["origin"]["bytes"] > 0
-    if ram_format == "decoded":
+    # Each chunk and shard index came from the origin once for the whole node: every
+    # chunk fetched filled the SSD tier once (a chunk two ranks fetched would fill twice).
+    assert stats["ssd"]["fills"] == stats["ssd"]["entries"] > 0
+    if ram_format == "decoded":  # all fits: exactly the requests of one process alone
+        assert stats["origin"]["bytes"] == ref_stats["origin"]["bytes"]
         assert stats["origin"]["requests"] == ref_stats["origin"]["requests"]
-    else:
+    else:  # which shards become resident depends on the order windows arrive in
         assert stats["ram"]["evictions"] + stats["ram"]["rejected"] > 0
     assert stats["ram"]["bytes_on_disk"] <= zstore.parse_size(ram_bytes)
     assert stats["ssd"]["bytes_on_disk"] <= 64_000_000

@@ -112,7 +112,7 @@ def test_other_layouts(small_store, tmp_path, layout):
 
 def test_window_is_one_batch_of_origin_requests(small_store, tmp_path):
     fs = ModelledFileSystem(latency=0.05)  # S3-like: requests must overlap, not queue
-    cfg = config(tmp_path, "encoded-ram", fetch="range")
+    cfg = config(tmp_path, "ssd-only")  # no RAM tier: just the window's chunks
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs)
     reader.open()
     fs.reset_counts()
@@ -263,6 +263,11 @@ def test_shards_larger_than_the_ram_budget_read_only_the_window(small_store, tmp
     assert zstore.cache_stats(cfg)["ram"]["bypassed"] == 0
 
 
+def mapped_path(key):
+    """'<store id>/<item>/<array>/c/0/0#D' -> '<item>/<array>'."""
+    return key.split("/", 1)[1].rsplit("/c/", 1)[0]
+
+
 def fill_past_budget(reader, items):
     """Another process reads other items, often enough that admission lets them displace
     what is resident (a new item used once never displaces anything)."""
@@ -278,13 +283,13 @@ def test_maps_of_shards_evicted_elsewhere_are_dropped(small_store, tmp_path):
     a, b = WindowReader(small_store, cache=cfg), WindowReader(small_store, cache=cfg)
     for _ in range(2):  # the second read maps what the first built
         a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
-    assert {k[0] for k in a._maps} == {f"{items[0]}/act", f"{items[0]}/wav"}
+    assert {mapped_path(k) for k in a.values.maps} == {f"{items[0]}/act", f"{items[0]}/wav"}
     fill_past_budget(b, items[1:])
     assert zstore.cache_stats(cfg)["ram"]["evictions"] > 0
     got = a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
     np.testing.assert_array_equal(got["wav"], root[f"{items[0]}/wav"][:, :16000])
-    for key, (_, _, path, ino) in a._maps.items():  # every map left is of a live file
-        assert os.stat(path).st_ino == ino
+    for m in a.values.maps.values():  # every map left is of a live file
+        assert os.stat(m.path).st_ino == m.ino
     assert zstore.cache_stats(cfg)["ram"]["bytes_on_disk"] <= 3_000_000
 
 
@@ -296,7 +301,7 @@ def test_an_idle_process_unmaps_shards_evicted_elsewhere(small_store, tmp_path):
     a, b = WindowReader(small_store, cache=cfg), WindowReader(small_store, cache=cfg)
     for _ in range(2):
         a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
-    mapped = set(a._maps)
+    mapped = set(a.values.maps)
     assert mapped
     fill_past_budget(b, items[1:])
     assert any(t.name == "zstore-unmap" for t in threading.enumerate())
@@ -305,9 +310,9 @@ def test_an_idle_process_unmaps_shards_evicted_elsewhere(small_store, tmp_path):
     head = a.tiers.ram.evictions.head()
     done = threading.Event()
     while not done.wait(0.05):
-        with a._lock:
-            if a._evicted_seen == head:
+        with a.values.lock:
+            if a.values.evicted_seen == head:
                 done.set()
-    for key, (_, _, path, ino) in a._maps.items():
-        assert os.stat(path).st_ino == ino
-    assert set(a._maps) < mapped  # what was evicted is no longer mapped
+    for m in a.values.maps.values():
+        assert os.stat(m.path).st_ino == m.ino
+    assert set(a.values.maps) < mapped  # what was evicted is no longer mapped

@@ -131,8 +131,9 @@ def fast_retry(attempts: int = 4) -> RetryPolicy:
 
 
 def _reader(small_store, tmp_path, fs):
-    cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None,
-                               fetch="range", ram_format="encoded")
+    # No RAM tier: windows read just their chunks' byte ranges (a RAM tier builds shards)
+    cache = zstore.CacheConfig(ram_dir=None, ssd_dir=tmp_path / "ssd", ssd_bytes="64MB",
+                               fetch="range")
     reader = WindowReader(small_store, cache=cache, origin_fs=fs).open()
     reader.origin.retry = fast_retry()
     return reader

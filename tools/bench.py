@@ -234,7 +234,7 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
     for _, item, start in sample:
         spans = window_spans(start, WINDOW_FRAMES)
         plan = [(k, reader.layout(item, k), v) for k, v in spans.items()]
-        work.append((item, spans, plan, reader._shards(plan)))
+        work.append((item, spans, plan, reader._pieces(plan)))
     totals, copies = [], []
     for _ in range(7):
         t0 = time.perf_counter()

@@ -18,7 +18,8 @@ from zstore.layout import ArrayLayout
 EMPTY = np.uint64(2**64 - 1)
 
 
-def _strip_crc(buf: memoryview, where: str) -> memoryview:
+def strip_crc(buf: memoryview, where: str) -> memoryview:
+    """The bytes before a trailing crc32c, after checking it."""
     if len(buf) < 4:
         raise IntegrityError(f"{where}: {len(buf)} bytes, too short for its crc32c")
     body = buf[:-4]
@@ -33,14 +34,14 @@ def decode_chunk(layout: ArrayLayout, data: bytes | memoryview, where: str) -> n
     for codec in reversed(layout.codecs):
         name = codec["name"]
         if name == "crc32c":
-            buf = _strip_crc(memoryview(buf), where)
+            buf = strip_crc(memoryview(buf), where)
         elif name == "blosc":
             buf = numcodecs.blosc.decompress(buf)
         elif name == "zstd":
             buf = numcodecs.zstd.decompress(buf)
         else:
             raise IntegrityError(f"{where}: codec {name!r} is not decodable here")
-    expected = int(np.prod(layout.chunk_shape)) * layout.dtype.itemsize
+    expected = layout.chunk_nbytes
     if len(buf) != expected:
         raise IntegrityError(f"{where}: decoded {len(buf)} bytes, expected {expected}")
     return np.frombuffer(buf, dtype=layout.dtype).reshape(layout.chunk_shape)
@@ -53,7 +54,7 @@ def decode_index(layout: ArrayLayout, data: bytes | memoryview, where: str) -> n
         raise IntegrityError(f"{where}: shard index has {len(buf)} bytes, "
                              f"expected {layout.index_bytes}")
     if any(c["name"] == "crc32c" for c in layout.index_codecs):
-        buf = _strip_crc(buf, where)
+        buf = strip_crc(buf, where)
     return np.frombuffer(buf, dtype="<u8").reshape(-1, 2)
 
 

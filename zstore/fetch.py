@@ -79,6 +79,17 @@ class ChunkSource:
         The bytes are fetched in one batch first (one concurrent origin round); decoding
         one chunk at a time keeps a single decoded chunk alive instead of a whole shard's.
         """
+        raw = self.raw(need, ram=ram)
+        for i, (layout, _) in enumerate(need):
+            request, data = raw[i]
+            raw[i] = (None, None)  # its bytes are freed once decoded
+            yield self.decode(layout, request, data)
+            del data
+
+    def raw(self, need: list[tuple[ArrayLayout, int]], *, ram: bool
+            ) -> list[tuple[Request | None, bytes | memoryview | None]]:
+        """The encoded bytes of (layout, chunk number) pairs and the origin request each
+        came from; (None, None) for a chunk never written (stores of other writers)."""
         indexes = self.index([(layout, k // layout.chunks_per_shard)
                               for layout, k in need if layout.sharded])
         keys, requests, slots = [], [], []
@@ -94,29 +105,34 @@ class ChunkSource:
             offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
             if offset == EMPTY and self.complete:
                 raise self._missing(obj, f"chunk {k % layout.chunks_per_shard} of shard")
-            if offset == EMPTY:  # never written: the fill value, below
+            if offset == EMPTY:  # never written: the fill value
                 continue
             start, stop = int(offset), int(offset + nbytes)
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
             slots.append(i)
         values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
-        fetched = {i: (request, data) for i, request, data in zip(slots, requests, values)}
-        del values
-        for i, (layout, k) in enumerate(need):
-            request, data = fetched.pop(i, (None, None))  # its bytes are freed once decoded
-            if data is None and self.complete:
-                raise self._missing(layout.object_key(k // layout.chunks_per_shard), "chunk")
-            if data is None:  # a chunk the store never wrote (empty in its shard, or absent)
-                yield fill_chunk(layout)
-                continue
-            where = f"{self.url}: {describe(*request)}"
-            try:
-                chunk = decode_chunk(layout, data, where)
-            except IntegrityError:  # refetch once from the origin, past the tiers
-                chunk = decode_chunk(layout, self.origin.read(*request), where)
-            del data
-            yield chunk
+        out: list[tuple[Request | None, bytes | memoryview | None]] = [(None, None)] * len(need)
+        for i, request, data in zip(slots, requests, values):
+            out[i] = (request, data)
+        if self.complete:
+            for i, (layout, k) in enumerate(need):
+                if out[i][1] is None:
+                    raise self._missing(layout.object_key(k // layout.chunks_per_shard),
+                                        "chunk")
+        return out
+
+    def decode(self, layout: ArrayLayout, request: Request | None,
+               data: bytes | memoryview | None) -> np.ndarray:
+        """Decode one chunk's bytes; a chunk never written is the fill value; bytes that
+        fail their check are fetched once more from the origin, past the tiers."""
+        if data is None or request is None:
+            return fill_chunk(layout)
+        where = f"{self.url}: {describe(*request)}"
+        try:
+            return decode_chunk(layout, data, where)
+        except IntegrityError:
+            return decode_chunk(layout, self.origin.read(*request), where)
 
     def fetch_many(self, keys: list[str], requests: list[Request], *, ram: bool,
                    layouts: dict[str, ArrayLayout]) -> list[bytes | memoryview | None]:

@@ -6,6 +6,7 @@ The root group's attribute ``"zstore"`` holds the manifest (see :class:`Manifest
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +144,11 @@ class ArrayLayout:
         s = list(self.shape)
         s[self.time_axis] = self.chunk
         return tuple(s)
+
+    @functools.cached_property
+    def chunk_nbytes(self) -> int:
+        """Bytes of one decoded inner chunk."""
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
 
     @property
     def index_bytes(self) -> int:

@@ -1,25 +1,20 @@
 """Window -> chunk keys -> bytes through the tiers -> decoded arrays.  The hot path.
 
-With a decoded RAM tier (the default) the unit in RAM is a decoded shard: one
-tmpfs file per array per shard (up to 64 s), memory-mapped read-only and kept
-mapped by each process, so a warm window is one dict lookup and one copy per
-field.  A shard missing from RAM is built from its chunks (SSD tier, else the
-origin in one concurrent batch), decoded once for the whole node under a lock,
-and published to the RAM tier.  Without a decoded RAM tier the reader fetches
-and decodes only the chunks the window overlaps (see :mod:`zstore.fetch`).
-Layouts the reader does not handle go through zarr's own indexing.
+With a RAM tier the unit in RAM is a whole shard (up to 64 s of one array), decoded or
+encoded (``ram_format``, see :mod:`zstore.shards`), mapped read-only and kept mapped
+by each process (:mod:`zstore.mapped`): a warm window is one dict lookup per field and
+then one copy (decoded) or the decode of its chunks (encoded).  A shard missing from
+RAM is built from its chunks once for the node when the RAM tier admits it; otherwise,
+and without a RAM tier, the reader fetches and decodes only the chunks the window
+overlaps (see :mod:`zstore.fetch`).  Layouts the reader does not handle go through
+zarr's own indexing.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
-import mmap
 import os
 import threading
-import time
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,20 +24,17 @@ from zstore.cache.choice import FormatChoice
 from zstore.cache.choice import choose as choose_format
 from zstore.cache.choice import record as record_format
 from zstore.cache.tiers import TieredCache, node_dir
-from zstore.cache.value import Checked
 from zstore.config import CacheConfig, ResolvedCache
 from zstore.errors import IntegrityError, StoreFormatError
 from zstore.fetch import ChunkSource
 from zstore.layout import ArrayLayout, Span, parse_array_meta
+from zstore.mapped import MappedValues
 from zstore.origin import Origin, is_url
+from zstore.shards import DecodedShards, EncodedShards, Pieces, ShardForm, chunk_pieces
 from zstore.sizing import field_sizes
 from zstore.store import CachedStore, read_manifest
 
-MAX_MAPS = 4096  # decoded shards a process keeps mapped (vm.max_map_count is ~65k)
-SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
-UNMAP_EVERY = 0.2  # seconds between an idle process's checks for evicted shards
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
-Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
 
 
 class WindowReader:
@@ -81,15 +73,14 @@ class WindowReader:
         self.fetch = self._fetch_mode(resolved)
         self.source = ChunkSource(self.url, self.origin, self.tiers, self.fetch,
                                   complete=self.manifest.all_chunks_written)
-        self._decoded = self.tiers is not None and self.tiers.decoded
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
-        self._maps: OrderedDict[tuple[str, int], tuple[np.ndarray, Checked, str, int]] = \
-            OrderedDict()
-        self._evicted_seen = self.tiers.ram.evictions.head() if self._decoded else 0  # type: ignore
-        self._lock = threading.Lock()
-        if self._decoded:
-            _start_unmapper(self)
-        self._fits: dict[str, bool] = {}
+        self.values: MappedValues | None = None
+        self.form: ShardForm | None = None
+        if self.tiers is not None and self.tiers.ram is not None:
+            self.values = MappedValues(self.tiers.ram)
+            kind = DecodedShards if self.tiers.ram_format == "decoded" else EncodedShards
+            self.form = kind(self.url, self.tiers, self.source, self.values)
+        self._lock = self.values.lock if self.values is not None else threading.Lock()
         self._group: Any = None
         self._pid = os.getpid()
         return self
@@ -162,153 +153,16 @@ class WindowReader:
             else:
                 plan.append((name, layout, span))
         if plan:
-            # Decoded shards for the fields whose shards fit the RAM tier; the others
-            # (or all, without a decoded RAM tier) read just the window's chunks.
-            whole = [p for p in plan if self._decoded and self._shard_fits(p[1])]
-            pieces = self._shards(whole) if whole else {}
-            if len(whole) < len(plan):
-                pieces.update(self._chunks([p for p in plan if p not in whole]))
+            pieces = self._pieces(plan)
             for name, layout, span in plan:
                 out[name] = _assemble(layout, span, pieces)
         return out
 
-    def _shard_fits(self, layout: ArrayLayout) -> bool:
-        fits = self._fits.get(layout.path)
-        if fits is None:
-            nbytes = int(np.prod(_shard_shape(layout, 0))) * layout.dtype.itemsize
-            fits = self._fits[layout.path] = self.tiers.ram.fits(  # type: ignore[union-attr]
-                nbytes, blocked=True)
-        return fits
-
-    def _chunks(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
-        need = [(layout, k) for _, layout, span in plan
-                for k in layout.chunks_for(span.start, span.stop)]
-        # With decoded shards in RAM, encoded chunks stay out of it (the SSD tier has them).
-        arrays = self.source.chunks(need, ram=self.tiers is not None and not self._decoded)
-        return {(layout.path, -1 - k): (k * layout.chunk, arr)  # keys apart from shards'
-                for (layout, k), arr in zip(need, arrays)}
-
-    def _shards(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
-        """Mapped decoded shards of the window; a missing shard is built when the RAM
-        tier admits it, else the window's chunks in it are read and decoded instead."""
-        pieces: Pieces = {}
-        missing: list[tuple[ArrayLayout, int]] = []
-        direct: list[tuple[str, ArrayLayout, Span]] = []
-        ram = self.tiers.ram  # type: ignore[union-attr]
-        for name, layout, span in plan:
-            for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
-                arr = self._mapped(layout, s)
-                if arr is not None and not self._checked(layout, s, arr, span):
-                    arr = None
-                if arr is not None:
-                    pieces[(layout.path, s)] = (s * layout.shard, arr)
-                elif ram.admits(self.tiers.key(_decoded_key(layout, s)),  # type: ignore
-                                _shard_nbytes(layout, s), blocked=True):
-                    missing.append((layout, s))
-                else:  # the part of the window in this shard, from its chunks
-                    lo, hi = max(span.start, s * layout.shard), min(span.stop,
-                                                                  (s + 1) * layout.shard)
-                    direct.append((name, layout, Span(lo, hi)))
-        if missing:
-            for (layout, s), arr in zip(missing, self._build(missing)):
-                pieces[(layout.path, s)] = (s * layout.shard, arr)
-        if direct:
-            pieces.update(self._chunks(direct))
-        return pieces
-
-    def _checked(self, layout: ArrayLayout, s: int, arr: np.ndarray, span: Span) -> bool:
-        """Check the blocks of a mapped shard this span reads (once per process)."""
-        checked = self._maps[(layout.path, s)][1]
-        if checked.complete:
-            return True
-        offset, axis, isz = s * layout.shard, layout.time_axis, arr.itemsize
-        lo = max(span.start, offset) - offset
-        hi = min(span.stop, offset + arr.shape[axis]) - offset
-        if axis == arr.ndim - 1:
-            t = arr.shape[-1]
-            good = all(checked.verify((r * t + lo) * isz, (r * t + hi) * isz)
-                       for r in range(arr.size // t))
-        elif axis == 0:
-            row = arr.nbytes // arr.shape[0]
-            good = checked.verify(lo * row, hi * row)
-        else:
-            good = checked.verify(0, arr.nbytes)
-        if not good:  # the caller rebuilds the shard
-            self._discard(layout, s)
-        return good
-
-    def _discard(self, layout: ArrayLayout, s: int) -> None:
-        """Unmap a shard found corrupt and drop it from the RAM tier."""
-        del self._maps[(layout.path, s)]
-        self.tiers.ram.drop(self.tiers.key(_decoded_key(layout, s)))  # type: ignore[union-attr]
-
-    def _mapped(self, layout: ArrayLayout, s: int, again: bool = False) -> np.ndarray | None:
-        entry = self._maps.get((layout.path, s))
-        tiers: TieredCache = self.tiers  # type: ignore[assignment]
-        if entry is not None:
-            if tiers.ram.evictions.head() != self._evicted_seen:  # type: ignore[union-attr]
-                self._drop_evicted()
-                return self._mapped(layout, s, again)
-            tiers.stats.add("ram_hits")
-            tiers.ram.touch(tiers.key(_decoded_key(layout, s)))  # type: ignore[union-attr]
-            return entry[0]
-        got = tiers.ram.get_mapped(tiers.key(_decoded_key(layout, s)),  # type: ignore
-                                   count_miss=not again)
-        if got is None:
-            return None
-        checked, path, ino = got
-        try:
-            arr = np.frombuffer(checked.payload, dtype=layout.dtype).reshape(
-                _shard_shape(layout, s))
-        except ValueError:
-            return None
-        self._maps[(layout.path, s)] = (arr, checked, path, ino)
-        if len(self._maps) > MAX_MAPS:
-            self._maps.popitem(last=False)
-        return arr
-
-    def _build(self, missing: list[tuple[ArrayLayout, int]]) -> list[np.ndarray]:
-        """Decode whole shards into the RAM tier, once for the node (under its lock)."""
-        tiers: TieredCache = self.tiers  # type: ignore[assignment]
-        keys = [_decoded_key(layout, s) for layout, s in missing]
-        with tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
-            found = [self._mapped(layout, s, again=True) for layout, s in missing]
-            for i, (layout, s) in enumerate(missing):  # built meanwhile by another process:
-                entry = self._maps.get((layout.path, s))  # rare, so check it whole
-                if found[i] is not None and entry and not entry[1].verify(
-                        0, len(entry[1].payload)):
-                    self._discard(layout, s)
-                    found[i] = None
-            todo = [i for i, arr in enumerate(found) if arr is None]
-            need = []
-            for i in todo:
-                layout, s = missing[i]
-                last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
-                need += [(layout, k) for k in range(s * layout.chunks_per_shard, last)]
-            chunks = self.source.iter_chunks(need, ram=False) if need else iter(())
-            for i in todo:
-                layout, s = missing[i]
-                shard = _scratch(_shard_shape(layout, s), layout.dtype)
-                for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
-                    _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
-                tiers.ram.put(tiers.key(keys[i]), shard, blocked=True)  # type: ignore
-                found[i] = shard
-            del chunks  # the fetched bytes go with it, before the heap is trimmed
-        release_free_memory()
-        self._drop_evicted()  # including what this build evicted
-        return found  # type: ignore[return-value]
-
-    def _drop_evicted(self) -> None:
-        """Unmap shards evicted by any process, so their tmpfs pages are freed."""
-        log = self.tiers.ram.evictions  # type: ignore[union-attr]
-        self._evicted_seen, inodes = log.since(self._evicted_seen)
-        if inodes is None:  # more evictions than the log holds: check every map
-            gone = [k for k, (_, _, path, ino) in self._maps.items() if not _alive(path, ino)]
-        else:
-            evicted = set(inodes)
-            gone = [k for k, entry in self._maps.items() if entry[3] in evicted]
-        for key in gone:
-            del self._maps[key]
+    def _pieces(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
+        """Shards (or chunks) covering every span of ``plan``."""
+        if self.form is not None:
+            return self.form.pieces(plan)
+        return chunk_pieces(self.source, plan, ram=self.tiers is not None)
 
     def _read_with_zarr(self, layout: ArrayLayout, span: Span | None) -> np.ndarray:
         """Fallback: zarr's own indexing on the cached store."""
@@ -330,91 +184,6 @@ class WindowReader:
             widths[layout.time_axis] = (0, span.pad)
             data = np.pad(data, widths)
         return data
-
-
-def _start_unmapper(reader: WindowReader) -> None:
-    """A daemon thread that drops the maps of shards other processes evicted, so an idle
-    process (a worker between epochs) does not keep their tmpfs pages alive."""
-    ref = weakref.ref(reader)
-    pid = os.getpid()
-
-    def loop() -> None:
-        while True:
-            time.sleep(UNMAP_EVERY)
-            current = ref()
-            if current is None or current._pid != pid:
-                return
-            log = current.tiers.ram.evictions  # type: ignore[union-attr]
-            if log.head() != current._evicted_seen:
-                with current._lock:
-                    current._drop_evicted()
-            del current
-
-    threading.Thread(target=loop, name="zstore-unmap", daemon=True).start()
-
-
-def _alive(path: str, ino: int) -> bool:
-    try:
-        return os.stat(path).st_ino == ino
-    except OSError:
-        return False
-
-
-def release_free_memory() -> None:
-    """Hand freed heap back to the OS (glibc keeps it after large temporaries such as the
-    decoded shards, and per-process memory is what the shared RAM tier exists to save)."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None
-
-
-def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An array for a decoded shard; a large one gets its own anonymous mapping, returned
-    to the OS as soon as the array is freed.
-
-    A decoded shard (tens of MB) lives only until it is in the RAM tier and the window
-    is copied out.  Taken from malloc, freeing it would raise glibc's dynamic mmap
-    threshold to its size; from then on shard-sized temporaries would come from the
-    heap, which keeps freed pages, and each process would hold tens of MB that the
-    shared tier exists to save (measured, see docs/benchmarks.md).
-    """
-    count = int(np.prod(shape))
-    if count * dtype.itemsize < SCRATCH_MMAP:
-        return np.empty(shape, dtype=dtype)
-    buf = mmap.mmap(-1, count * dtype.itemsize)
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-
-def _decoded_key(layout: ArrayLayout, s: int) -> str:
-    """The RAM-tier key (before the store's namespace) of shard ``s`` decoded."""
-    return f"{layout.object_key(s)}#D"
-
-
-def _shard_nbytes(layout: ArrayLayout, s: int) -> int:
-    return int(np.prod(_shard_shape(layout, s))) * layout.dtype.itemsize
-
-
-def _shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:
-    shape = list(layout.shape)
-    shape[layout.time_axis] = min(layout.shard, layout.length - s * layout.shard)
-    return tuple(shape)
-
-
-def _copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> None:
-    """Copy ``src`` into ``dst`` at ``offset`` along ``axis``, clipped to ``dst``."""
-    n = min(src.shape[axis], dst.shape[axis] - offset)
-    d = [slice(None)] * dst.ndim
-    s = [slice(None)] * dst.ndim
-    d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
-    dst[tuple(d)] = src[tuple(s)]
 
 
 def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces) -> np.ndarray:

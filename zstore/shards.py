@@ -1,0 +1,317 @@
+"""Whole shards in the RAM tier, mapped once per process: decoded or encoded.
+
+Both forms work alike (:class:`ShardForm`): a window's shard is served from this
+process's map of it, else built once for the node (under a lock) when the RAM tier
+admits it, else the window's chunks in it are read from the SSD tier or the origin
+and decoded (:func:`chunk_pieces`).
+
+- :class:`DecodedShards`: the shard decoded; a warm window is one copy per field.
+- :class:`EncodedShards`: the shard's encoded chunks and an index of them; a warm window
+  decodes its chunks straight from the map: no lookup, no read, no copy of bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from typing import Any
+
+import numpy as np
+
+from zstore.cache.tiers import TieredCache
+from zstore.cache.value import Checked
+from zstore.decode import EMPTY, decode_chunk, strip_crc
+from zstore.errors import IntegrityError
+from zstore.fetch import ChunkSource
+from zstore.layout import ArrayLayout, Span
+from zstore.mapped import Mapped, MappedValues
+from zstore.origin import describe
+
+SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
+Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
+Plan = list[tuple[str, ArrayLayout, Span]]
+
+
+def chunk_pieces(source: ChunkSource, plan: Plan, *, ram: bool) -> Pieces:
+    """The window's chunks, decoded (keys ``(path, -1 - k)``, apart from shards')."""
+    need = [(layout, k) for _, layout, span in plan
+            for k in layout.chunks_for(span.start, span.stop)]
+    arrays = source.chunks(need, ram=ram)
+    return {(layout.path, -1 - k): (k * layout.chunk, arr)
+            for (layout, k), arr in zip(need, arrays)}
+
+
+class ShardForm:
+    """What the two forms share: lookups through the maps, admission, building."""
+
+    suffix = ""
+
+    def __init__(self, url: str, tiers: TieredCache, source: ChunkSource,
+                 values: MappedValues):
+        self.url, self.tiers, self.source, self.values = url, tiers, source, values
+        self.ram = values.ram
+
+    def key(self, layout: ArrayLayout, s: int) -> str:
+        return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
+
+    def pieces(self, plan: Plan) -> Pieces:
+        """Pieces covering every span of ``plan``."""
+        pieces: Pieces = {}
+        missing: list[tuple[ArrayLayout, int, Span]] = []
+        direct: Plan = []
+        for name, layout, span in plan:
+            if not self.handles(layout):
+                direct.append((name, layout, span))
+                continue
+            for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
+                key = self.key(layout, s)
+                got = self.values.get(key, lambda c, la=layout, n=s: self.view(la, n, c))
+                if got is not None:
+                    found = self.read(layout, s, got, span)
+                    if found is not None:
+                        pieces.update(found)
+                        continue
+                    self.values.discard(key)  # failed its check: rebuild it
+                if self.ram.admits(key, self.nbytes(layout, s), blocked=True):
+                    missing.append((layout, s, span))
+                else:  # the part of the window in this shard, from its chunks
+                    direct.append((name, layout, Span(max(span.start, s * layout.shard),
+                                                      min(span.stop, (s + 1) * layout.shard))))
+        if missing:
+            pieces.update(self._build(missing))
+        if direct:  # encoded chunks stay out of the RAM tier: it holds shards
+            pieces.update(chunk_pieces(self.source, direct, ram=False))
+        return pieces
+
+    def _build(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
+        """Build missing shards into the RAM tier, once for the node (under its lock)."""
+        keys = [self.key(layout, s) for layout, s, _ in missing]
+        pieces: Pieces = {}
+        with self.tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
+            todo = []
+            for (layout, s, span), key in zip(missing, keys):
+                got = self.values.get(key, lambda c, la=layout, n=s: self.view(la, n, c),
+                                      again=True)
+                # built meanwhile by another process: rare, so check it whole
+                found = self.read(layout, s, got, span) if got is not None and \
+                    got.checked.verify(0, len(got.checked.payload)) else None
+                if found is None:
+                    if got is not None:
+                        self.values.discard(key)
+                    todo.append((layout, s, span, key))
+                else:
+                    pieces.update(found)
+            if todo:
+                pieces.update(self.make(todo))
+        release_free_memory()
+        self.values.drop_evicted()  # including what this build evicted
+        return pieces
+
+    def _shard_chunks(self, layout: ArrayLayout, s: int) -> list[tuple[ArrayLayout, int]]:
+        last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
+        return [(layout, k) for k in range(s * layout.chunks_per_shard, last)]
+
+    # what a form defines
+    def handles(self, layout: ArrayLayout) -> bool:
+        return True
+
+    def view(self, layout: ArrayLayout, s: int, checked: Checked) -> Any:
+        raise NotImplementedError
+
+    def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
+        """The pieces of ``span`` from a mapped shard; None when a check fails."""
+        raise NotImplementedError
+
+    def nbytes(self, layout: ArrayLayout, s: int) -> int:
+        raise NotImplementedError
+
+    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
+        raise NotImplementedError
+
+
+class DecodedShards(ShardForm):
+    """Decoded shards: a warm window is one lookup and one copy per field."""
+
+    suffix = "#D"
+
+    def view(self, layout: ArrayLayout, s: int, checked: Checked) -> np.ndarray | None:
+        try:
+            return np.frombuffer(checked.payload, dtype=layout.dtype).reshape(
+                shard_shape(layout, s))
+        except ValueError:
+            return None
+
+    def nbytes(self, layout: ArrayLayout, s: int) -> int:
+        return int(np.prod(shard_shape(layout, s))) * layout.dtype.itemsize
+
+    def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
+        """Check the blocks of the mapped shard this span reads (once per process)."""
+        arr, checked = got.view, got.checked
+        if not checked.complete:
+            offset, axis, isz = s * layout.shard, layout.time_axis, arr.itemsize
+            lo = max(span.start, offset) - offset
+            hi = min(span.stop, offset + arr.shape[axis]) - offset
+            if axis == arr.ndim - 1:
+                t = arr.shape[-1]
+                good = all(checked.verify((r * t + lo) * isz, (r * t + hi) * isz)
+                           for r in range(arr.size // t))
+            elif axis == 0:
+                row = arr.nbytes // arr.shape[0]
+                good = checked.verify(lo * row, hi * row)
+            else:
+                good = checked.verify(0, arr.nbytes)
+            if not good:
+                return None
+        return {(layout.path, s): (s * layout.shard, arr)}
+
+    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
+        need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
+        chunks = self.source.iter_chunks(need, ram=False)
+        pieces: Pieces = {}
+        for layout, s, _, key in todo:
+            shard = _scratch(shard_shape(layout, s), layout.dtype)
+            for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
+                _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
+            self.ram.put(key, shard, blocked=True)
+            pieces[(layout.path, s)] = (s * layout.shard, shard)
+        del chunks  # the fetched bytes go with it, before the heap is trimmed
+        return pieces
+
+
+class EncodedShards(ShardForm):
+    """Encoded shards: the chunks' stored bytes, then an index of (offset, nbytes)."""
+
+    suffix = "#E"
+
+    def handles(self, layout: ArrayLayout) -> bool:
+        return layout.sharded  # one object per chunk already is its own "shard"
+
+    def _count(self, layout: ArrayLayout, s: int) -> int:
+        return len(self._shard_chunks(layout, s))
+
+    def view(self, layout: ArrayLayout, s: int, checked: Checked) -> list[list[int]] | None:
+        n, size = self._count(layout, s), len(checked.payload)
+        if size < 16 * n or not checked.verify(size - 16 * n, size):
+            return None
+        # a list: read once per process, then indexed per chunk at Python speed
+        return np.frombuffer(checked.payload[size - 16 * n:], dtype="<u8").reshape(n, 2).tolist()
+
+    def nbytes(self, layout: ArrayLayout, s: int) -> int:
+        index = self.source.index([(layout, s)])[layout.object_key(s)]
+        used = index[:self._count(layout, s)]
+        return int(used[used[:, 0] != EMPTY, 1].sum()) + 16 * len(used)
+
+    def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
+        pieces: Pieces = {}
+        first = s * layout.chunks_per_shard
+        payload = got.checked.payload
+        lo, hi = max(span.start, s * layout.shard), min(span.stop, (s + 1) * layout.shard)
+        where = f"{self.url}: {layout.object_key(s)} (encoded shard in the RAM tier)"
+        index = got.view
+        for k in layout.chunks_for(lo, hi):
+            offset, n = index[k - first]
+            if not got.checked.verify(offset, offset + n):
+                return None
+            try:
+                chunk = decode_chunk(layout, payload[offset:offset + n], where)
+            except IntegrityError:
+                return None
+            pieces[(layout.path, -1 - k)] = (k * layout.chunk, chunk)
+        return pieces
+
+    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
+        need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
+        raw = self.source.raw(need, ram=False)
+        pieces: Pieces = {}
+        pos = 0
+        for layout, s, span, key in todo:
+            n = self._count(layout, s)
+            got = raw[pos:pos + n]
+            pos += n
+            if any(data is None for _, data in got):  # unwritten chunks (other writers)
+                lo, hi = max(span.start, s * layout.shard), min(span.stop,
+                                                              (s + 1) * layout.shard)
+                pieces.update(chunk_pieces(self.source, [("", layout, Span(lo, hi))],
+                                           ram=False))
+                continue
+            parts = [self._checked(request, data, layout) for request, data in got]
+            index = np.empty((n, 2), dtype="<u8")
+            offset = 0
+            for i, data in enumerate(parts):
+                index[i] = (offset, len(data))
+                offset += len(data)
+            buf = bytearray(offset + index.nbytes)
+            offset = 0
+            for data in parts:
+                buf[offset:offset + len(data)] = data
+                offset += len(data)
+            buf[offset:] = index.tobytes()
+            self.ram.put(key, buf, blocked=True)
+            built = Mapped(index.tolist(), Checked(memoryview(buf), None), "", 0)
+            found = self.read(layout, s, built, span)
+            assert found is not None  # every chunk was checked above
+            pieces.update(found)
+        return pieces
+
+    def _checked(self, request: Any, data: Any, layout: ArrayLayout | None = None
+                 ) -> bytes | memoryview:
+        """A chunk's bytes with their crc32c checked (refetched from the origin once when
+        the copy in a tier is bad), so a shard is never built from corrupt bytes."""
+        if layout is not None and not any(c["name"] == "crc32c" for c in layout.codecs):
+            return data
+        where = f"{self.url}: {describe(*request)}"
+        try:
+            strip_crc(memoryview(data), where)
+            return data
+        except IntegrityError:
+            fresh = self.source.origin.read(*request)
+            strip_crc(memoryview(fresh), where)
+            return fresh
+
+
+def shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:
+    shape = list(layout.shape)
+    shape[layout.time_axis] = min(layout.shard, layout.length - s * layout.shard)
+    return tuple(shape)
+
+
+def _copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> None:
+    """Copy ``src`` into ``dst`` at ``offset`` along ``axis``, clipped to ``dst``."""
+    n = min(src.shape[axis], dst.shape[axis] - offset)
+    d = [slice(None)] * dst.ndim
+    s = [slice(None)] * dst.ndim
+    d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
+    dst[tuple(d)] = src[tuple(s)]
+
+
+def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array for a decoded shard; a large one gets its own anonymous mapping, returned
+    to the OS as soon as the array is freed.
+
+    A decoded shard (tens of MB) lives only until it is in the RAM tier and the window
+    is copied out.  Taken from malloc, freeing it would raise glibc's dynamic mmap
+    threshold to its size; from then on shard-sized temporaries would come from the
+    heap, which keeps freed pages, and each process would hold tens of MB that the
+    shared tier exists to save (measured, see docs/benchmarks.md).
+    """
+    count = int(np.prod(shape))
+    if count * dtype.itemsize < SCRATCH_MMAP:
+        return np.empty(shape, dtype=dtype)
+    buf = mmap.mmap(-1, count * dtype.itemsize)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+def release_free_memory() -> None:
+    """Hand freed heap back to the OS (glibc keeps it after large temporaries such as the
+    decoded shards, and per-process memory is what the shared RAM tier exists to save)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None

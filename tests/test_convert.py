@@ -263,3 +263,22 @@ def test_cli_convert_and_info(small_h5, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert zstore.store_info(str(dst))["arrays"]["wav"]["chunk"] == [2, 16000]
+
+
+def test_small_arrays_get_chunks_of_at_least_64_kB(tmp_path):
+    rng = np.random.default_rng(2)
+    long_act = (rng.random((3, 12000)) > 0.5).astype(np.float32)  # 120 s at 100/s
+    src = write_h5(tmp_path / "a.h5", {"rec": {
+        "wav": rng.standard_normal((1, 12000 * 160)).astype(np.float32), "act": long_act}})
+    dst = tmp_path / "a.zarr"
+    zstore.convert(src, dst, rates={"wav": 16000, "act": 100}, workers=1, progress=False)
+    root = zarr.open_group(dst, mode="r")
+    assert root["rec/wav"].chunks == (1, 16000)  # 64 kB a second already
+    act_chunk = root["rec/act"].chunks[1]
+    assert act_chunk * 3 * 4 >= 64_000 and act_chunk < 12000  # ~54 s, not 1 s
+    ds = zstore.WindowDataset(dst, window_seconds=10.0, cache=False)
+    for epoch in range(5):
+        ds.set_epoch(epoch)
+        out = ds[0]
+        start = round(out["start"] * 100)
+        np.testing.assert_array_equal(out["act"].numpy(), long_act[:, start:start + 1000])

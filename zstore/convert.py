@@ -28,8 +28,9 @@ from zstore.source import SourceItem, SourcePlan, open_source, plan
 
 CODECS = ("lz4", "zstd", "none")
 #: What a store's objects look like; part of a conversion's fingerprint, so a store that
-#: an older zstore began is not resumed with another layout.  2: every chunk is written.
-LAYOUT = 2
+#: an older zstore began is not resumed with another layout.  2: every chunk is written;
+#: 3: chunks of small arrays hold at least MIN_CHUNK_BYTES.
+LAYOUT = 3
 #: chunk_seconds bounds: below 10 ms the per-chunk overhead (index entry, crc32c, codec
 #: header: ~36 bytes) outweighs small arrays' data; above an hour a window reads far
 #: more than it needs.
@@ -148,13 +149,14 @@ def _attrs(obj: Any) -> dict[str, Any]:
     return {k: _json_attr(v) for k, v in obj.attrs.items()}
 
 
-def _array_geometry(shape: tuple[int, ...], info: ArrayInfo,
-                    chunk_seconds: float) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+def _array_geometry(shape: tuple[int, ...], info: ArrayInfo, chunk_seconds: float,
+                    itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     if info.rate is None or not shape:
         return tuple(max(1, s) for s in shape), None
     axis = info.time_axis
     chunk, shard = list(shape), list(shape)
-    chunk[axis] = chunk_length(info.rate, chunk_seconds, shape[axis])
+    step = itemsize * math.prod(n for a, n in enumerate(shape) if a != axis)
+    chunk[axis] = chunk_length(info.rate, chunk_seconds, shape[axis], step)
     shard[axis] = shard_length(chunk[axis], shape[axis])
     return tuple(max(1, c) for c in chunk), tuple(max(1, s) for s in shard)
 
@@ -183,7 +185,8 @@ def _write_item(job: _Job, item: SourceItem) -> int:
             except (OSError, RuntimeError) as e:
                 raise SourceError(f"{job.src}: reading '{item.name}/{name}' failed ({e}); the "
                                   "file may be truncated or corrupt: re-copy it") from None
-            chunks, shards = _array_geometry(tuple(ds.shape), job.arrays[name], job.chunk_seconds)
+            chunks, shards = _array_geometry(tuple(ds.shape), job.arrays[name],
+                                             job.chunk_seconds, ds.dtype.itemsize)
             arr = group.create_array(
                 name, shape=ds.shape, dtype=ds.dtype, chunks=chunks, shards=shards,
                 compressors=compressors(job.codec), fill_value=0, overwrite=True,

@@ -99,9 +99,19 @@ class Manifest:
         )
 
 
-def chunk_length(rate: float, chunk_seconds: float, length: int) -> int:
-    """Time-axis chunk length: about ``chunk_seconds`` at ``rate``, at most the length."""
-    return max(1, min(int(round(rate * chunk_seconds)), max(1, length)))
+#: A chunk holds at least this many bytes: a window of a small array (``act``: 3
+#: speakers x 100 frames/s x 4 B = 1.2 kB a second) would otherwise cost one lookup
+#: and one codec call per ~1 kB, half of an encoded window's work for 1% of its bytes.
+MIN_CHUNK_BYTES = 64_000
+
+
+def chunk_length(rate: float, chunk_seconds: float, length: int,
+                 sample_bytes: int = MIN_CHUNK_BYTES) -> int:
+    """Time-axis chunk length: about ``chunk_seconds`` at ``rate``, longer where that
+    would hold less than :data:`MIN_CHUNK_BYTES` (``sample_bytes``: bytes of one step
+    along time, every other axis included), at most the length."""
+    want = max(int(round(rate * chunk_seconds)), -(-MIN_CHUNK_BYTES // max(1, sample_bytes)))
+    return max(1, min(want, max(1, length)))
 
 
 def shard_length(chunk: int, length: int) -> int:

@@ -175,10 +175,61 @@ class Tier:
                     pass
         return removed
 
-    def get(self, key: str, *, count_miss: bool = True) -> bytes | None:
+    def get(self, key: str, *, count_miss: bool = True) -> memoryview | None:
         """The payload for ``key``, or None (missing, failed its check, or tier down)."""
         found = self._lookup(key, count_miss=count_miss, mapped=False)
-        return None if found is None else bytes(found[0].payload)
+        return None if found is None else found[0].payload
+
+    def get_many(self, keys: list[str], *, count_miss: bool = True
+                 ) -> list[memoryview | None]:
+        """Payloads for ``keys`` (None where missing or bad): one index query for all of
+        them, then one read per value -- a window's ~20 chunks cost one SQLite round."""
+        cache = self._open()
+        if cache is None or not keys:
+            return [None] * len(keys)
+        if count_miss:
+            for key in keys:
+                self.touch(key)
+        files: dict[str, str] = {}
+        try:
+            for start in range(0, len(keys), 500):  # SQLite's bound-parameter limit
+                part = keys[start:start + 500]
+                rows = cache._sql(
+                    "SELECT key, filename FROM Cache WHERE raw = 1 AND key IN (%s)"
+                    % ",".join("?" * len(part)), part).fetchall()
+                files.update({k: f for k, f in rows if f})
+        except Exception as e:
+            self._warn("read failed", e)
+            return [None] * len(keys)
+        out: list[memoryview | None] = []
+        hits = hit_bytes = misses = 0
+        for key in keys:
+            filename = files.get(key)
+            value = None
+            if filename is not None:
+                try:
+                    with open(os.path.join(self.directory, filename), "rb") as f:
+                        value = f.read()
+                except OSError:  # evicted since the query: a miss
+                    value = None
+            checked = open_value(value) if value is not None else None
+            if checked is not None and not checked.verify(0, len(checked.payload)):
+                checked = None
+            if value is not None and checked is None:
+                self._corrupt(cache, key, count_miss=False)
+            if checked is None:
+                misses += 1
+                out.append(None)
+            else:
+                hits += 1
+                hit_bytes += len(checked.payload)
+                out.append(checked.payload)
+        if count_miss and misses:
+            self.stats.add(f"{self.name}_misses", misses)
+        if hits:
+            self.stats.add(f"{self.name}_hits", hits)
+            self.stats.add(f"{self.name}_hit_bytes", hit_bytes)
+        return out
 
     def get_mapped(self, key: str, *, count_miss: bool = True
                    ) -> tuple[Checked, str, int] | None:

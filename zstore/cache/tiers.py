@@ -66,6 +66,23 @@ class TieredCache:
                 return value
         return None
 
+    def lookup_many(self, keys: Sequence[str], *, ram: bool = True
+                    ) -> list[bytes | memoryview | None]:
+        """Like :meth:`lookup` for many keys: one index query per tier."""
+        names = [self.key(k) for k in keys]
+        values: list[bytes | memoryview | None] = [None] * len(keys)
+        if ram and self.ram is not None:
+            values = list(self.ram.get_many(names))
+        todo = [i for i, v in enumerate(values) if v is None]
+        if todo and self.ssd is not None:
+            found = self.ssd.get_many([names[i] for i in todo])
+            for i, value in zip(todo, found):
+                if value is not None:
+                    values[i] = value
+                    if ram and self.ram is not None:
+                        self.ram.put(names[i], value)
+        return values
+
     def fill(self, key: str, value: bytes, *, ram: bool = True) -> None:
         k = self.key(key)
         if self.ssd is not None:
@@ -85,7 +102,7 @@ class TieredCache:
         ``fetch_many`` returns None for a key missing at the origin; that is
         passed on and never cached.
         """
-        values: list[bytes | memoryview | None] = [self.lookup(k, ram=ram) for k in keys]
+        values = self.lookup_many(keys, ram=ram)
         missing = [i for i, v in enumerate(values) if v is None]
         if not missing or self.fill_locks is None:
             return self._fetch_into(keys, values, missing, fetch_many, ram)

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from zstore.config import CacheConfig, format_size, parse_size
@@ -54,7 +56,7 @@ def test_defaults_are_sized_from_the_machine(tmp_path, monkeypatch):
     r = CacheConfig().resolved()
     assert r.ssd_dir and r.ssd_dir.endswith("zstore") and r.ssd_bytes > 0
     if r.ram_dir:
-        assert r.ram_dir == "/dev/shm/zstore" and r.ram_bytes > 0
+        assert r.ram_dir == f"/dev/shm/zstore-{os.getuid()}" and r.ram_bytes > 0  # per user
 
 
 @pytest.mark.parametrize("field,value", [("ram_format", "zipped"), ("fetch", "all"),

@@ -185,7 +185,7 @@ def test_network_file_system_disables_the_tier(tmp_path, monkeypatch):
 
 def _mount_tmpfs(path: Path, size: str, ro: bool = False) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size}" + (",ro" if ro else "")
+    opts = f"size={size},mode=0700" + (",ro" if ro else "")  # a tmpfs is 1777 by default
     return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
                           capture_output=True).returncode == 0
 

@@ -55,7 +55,8 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _cache_config(args: argparse.Namespace) -> CacheConfig:
-    kwargs = {k: getattr(args, k) for k in ("ram_dir", "ram_bytes", "ssd_dir", "ssd_bytes")
+    kwargs = {k: getattr(args, k) for k in ("ram_dir", "ram_bytes", "ssd_dir", "ssd_bytes",
+                                            "shared_group")
               if getattr(args, k, None) is not None}
     return CacheConfig(**kwargs)
 
@@ -103,6 +104,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     for tier in ("ram", "ssd"):
         t = stats[tier]
         where = stats["config"][f"{tier}_dir"] or "disabled"
+        if t.get("ownership"):
+            where += f" ({t['ownership']}" + (f"; REFUSED: {t['refused']}" if t.get("refused")
+                                               else "") + ")"
         print(f"{tier}: {where}  hits {t['hits']}  misses {t['misses']}  hit rate "
               f"{t['hit_rate']:.1%}  evictions {t['evictions']}  refused {t['rejected']}  "
               f"{format_size(t.get('bytes_on_disk', 0))} of {format_size(t.get('budget', 0))}")
@@ -132,6 +136,8 @@ def _cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ram-bytes", help="RAM tier budget, e.g. 64GB")
     p.add_argument("--ssd-dir", help="SSD tier directory (default ~/.cache/zstore)")
     p.add_argument("--ssd-bytes", help="SSD tier budget, e.g. 500GB")
+    p.add_argument("--shared-group", help="group that shares the tiers (default "
+                   "$ZSTORE_SHARED_GROUP, else none: the tiers are private to you)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -80,8 +80,9 @@ def _meminfo_bytes(field: str) -> int:
 
 
 def default_ram_dir() -> str | None:
-    """``/dev/shm/zstore`` where a tmpfs is mounted at ``/dev/shm``, else no RAM tier."""
-    return "/dev/shm/zstore" if os.path.isdir("/dev/shm") else None
+    """``/dev/shm/zstore-<uid>`` (one per user) where a tmpfs is mounted at ``/dev/shm``,
+    else no RAM tier."""
+    return f"/dev/shm/zstore-{os.getuid()}" if os.path.isdir("/dev/shm") else None
 
 
 def default_ssd_dir() -> str:
@@ -118,6 +119,7 @@ _ENV = {
     "ssd_dir": "ZSTORE_SSD_DIR",
     "fetch": "ZSTORE_FETCH",
     "max_requests": "ZSTORE_MAX_REQUESTS",
+    "shared_group": "ZSTORE_SHARED_GROUP",
 }
 _OFF = {"", "none", "off", "0", "false"}
 
@@ -144,6 +146,10 @@ class CacheConfig:
         fetch: ``"range"`` reads only the chunks a window needs, ``"shard"`` reads a
             whole shard on first touch, ``"auto"`` picks by origin kind and budget.
         max_requests: origin requests in flight per process.
+        shared_group: a group (name or gid) whose members share the tiers: directories
+            ``2770`` owned by it, files ``0660``.  Every member can then feed every
+            other member's training.  Default: none, the tiers are private to the user
+            (``0700``); a tier directory others can write is refused.
 
     Environment: ``ZSTORE_RAM_BYTES``, ``ZSTORE_RAM_DIR``, ``ZSTORE_RAM_FORMAT``,
     ``ZSTORE_SSD_BYTES``, ``ZSTORE_SSD_DIR``, ``ZSTORE_FETCH``,
@@ -157,6 +163,7 @@ class CacheConfig:
     ssd_dir: str | os.PathLike[str] | None = AUTO
     fetch: str = AUTO
     max_requests: int | str = AUTO
+    shared_group: str | int | None = AUTO
 
     def resolved(self) -> ResolvedCache:
         """Apply environment variables and defaults; validate every field."""
@@ -194,6 +201,7 @@ class CacheConfig:
             ram_dir=ram_dir if ram_bytes else None, ram_bytes=ram_bytes,
             ssd_dir=ssd_dir if ssd_bytes else None, ssd_bytes=ssd_bytes,
             ram_format=ram_format, fetch=fetch, max_requests=max_requests,
+            shared_gid=_resolve_group(raw["shared_group"], origin["shared_group"]),
         )
 
 
@@ -208,6 +216,7 @@ class ResolvedCache:
     ram_format: str
     fetch: str
     max_requests: int
+    shared_gid: int | None = None
 
 
 def _resolve_dir(value: Any, default: str | None) -> str | None:
@@ -218,6 +227,19 @@ def _resolve_dir(value: Any, default: str | None) -> str | None:
     if isinstance(value, str) and value.strip().lower() in _OFF:
         return None
     return os.path.abspath(os.path.expanduser(os.fspath(value)))
+
+
+def _resolve_group(value: Any, name: str) -> int | None:
+    """The gid of the group the tiers are shared with, or None (private tiers)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in _OFF | {AUTO}):
+        return None
+    from zstore.cache.ownership import group_id
+
+    try:
+        return group_id(value if isinstance(value, int) else str(value).strip())
+    except KeyError:
+        raise ConfigError(f"{name}: there is no group {value!r} on this machine; name an "
+                          "existing group (see 'getent group') or leave it unset") from None
 
 
 def _whole(value: Any, name: str) -> int:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from zstore.cache.ownership import fix_file
+
 ROWS = 4
 HEADER = 16  # uint64 accesses since the last halving, uint64 period
 MIN_PERIOD = 4096
@@ -69,6 +71,7 @@ class FrequencySketch:
                 tmp = f"{self.path}.{os.getpid()}.tmp"
                 with open(tmp, "wb") as f:
                     f.truncate(sketch_bytes(self.width))
+                fix_file(tmp)
                 os.replace(tmp, self.path)
             fd = os.open(self.path, os.O_RDWR)
             size = os.fstat(fd).st_size

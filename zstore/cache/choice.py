@@ -15,6 +15,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from zstore.cache.ownership import fix_file, make_dir
 from zstore.config import ResolvedCache, format_size
 
 
@@ -58,11 +59,13 @@ def record(directory: str | None, store_id: str, choice: FormatChoice) -> None:
     if not directory:
         return
     try:
-        os.makedirs(directory, exist_ok=True)
+        if make_dir(directory) is not None:
+            return
         path = os.path.join(directory, f"{store_id}.json")
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(asdict(choice), f)
+        fix_file(tmp)
         os.replace(tmp, path)
     except OSError:
         pass

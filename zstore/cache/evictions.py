@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from zstore.cache.ownership import fix_file, make_dir
+
 SLOTS = 4096
 
 
@@ -33,10 +35,12 @@ class EvictionLog:
             return self._ring
         self._pid, self._ring = os.getpid(), None
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            if make_dir(os.path.dirname(self.path)) is not None:
+                return None
             if not os.path.exists(self.path):
                 tmp = f"{self.path}.{os.getpid()}.tmp"
                 np.zeros(SLOTS + 1, dtype=np.int64).tofile(tmp)
+                fix_file(tmp)
                 os.replace(tmp, self.path) if not os.path.exists(self.path) else os.unlink(tmp)
             self._ring = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(SLOTS + 1,))
         except (OSError, ValueError):

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 
 from crc32c import crc32c
 
+from zstore.cache.ownership import make_dir, open_file
+
 
 class StripedLocks:
     """Node-wide locks over keys, in ``directory`` (``kind`` separates lock orders)."""
@@ -35,9 +37,10 @@ class StripedLocks:
         try:
             for stripe in self._stripes(keys):
                 try:
-                    os.makedirs(self.directory, exist_ok=True)
-                    fd = os.open(os.path.join(self.directory, f"{self.kind}{stripe:04d}"),
-                                 os.O_RDWR | os.O_CREAT, 0o666)
+                    if make_dir(self.directory) is not None:
+                        continue  # not a safe place: no lock (see ownership)
+                    fd = open_file(os.path.join(self.directory, f"{self.kind}{stripe:04d}"),
+                                   os.O_RDWR | os.O_CREAT)
                 except OSError:
                     continue  # a lock is an optimisation; correctness never depends on it
                 fcntl.flock(fd, fcntl.LOCK_EX)

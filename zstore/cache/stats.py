@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from zstore.cache.ownership import fix_file, make_dir, open_file
+
 TIERS = ("ram", "ssd")
 TIER_FIELDS = ("hits", "misses", "hit_bytes", "fills", "fill_bytes", "evictions",
                "bypassed", "corrupt", "errors")
@@ -51,10 +53,11 @@ class Stats:
         if self.directory is None:
             return self._counts
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            if make_dir(self.directory) is not None:
+                return self._counts  # not a safe place: count in memory only
             fold(self.directory)
             path = os.path.join(self.directory, f"{self._pid}-{os.urandom(4).hex()}.bin")
-            with open(path, "wb") as f:
+            with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
                 f.write(bytes(8 * _SLOTS))
             self._counts = np.memmap(path, dtype=np.int64, mode="r+", shape=(_SLOTS,))
         except OSError:
@@ -84,7 +87,7 @@ def _read(path: str) -> np.ndarray:
 def fold(directory: str) -> None:
     """Add the counters of exited processes to ``total.bin`` and remove their files."""
     lock_path = os.path.join(directory, "lock")
-    with open(lock_path, "a") as lock:
+    with os.fdopen(open_file(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         total_path = os.path.join(directory, "total.bin")
         total = _read(total_path)
@@ -97,6 +100,7 @@ def fold(directory: str) -> None:
         if dead:
             tmp = f"{total_path}.{os.getpid()}.tmp"
             total.tofile(tmp)
+            fix_file(tmp)
             os.replace(tmp, total_path)
             for name in dead:
                 os.unlink(os.path.join(directory, name))

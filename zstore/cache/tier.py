@@ -22,12 +22,34 @@ import numpy as np
 
 from zstore.cache.admission import FrequencySketch, admit, sketch_bytes, sketch_width
 from zstore.cache.evictions import EvictionLog
+from zstore.cache.ownership import describe, fix_file, make_dir, open_file, problem
 from zstore.cache.stats import Stats
 from zstore.cache.value import Checked, Parts, header, header_size, open_value
 
 PAGE = 4096
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
               "fuse.sshfs", "9p", "afs", "glusterfs", "fuse.glusterfs")
+
+
+NODE_SUBDIRS = ("stats", "locks", "formats")
+
+
+def refusal(directory: str, gid: int | None) -> str | None:
+    """Why a tier must not use ``directory`` (creating it if missing), else None: it and
+    the directories zstore keeps in it must be writable by this user only (or, opted in,
+    by one group)."""
+    why = make_dir(directory, gid)
+    if why is None:
+        for sub in NODE_SUBDIRS:
+            path = os.path.join(directory, sub)
+            if os.path.lexists(path) and problem(path, gid) is not None:
+                directory, why = path, problem(path, gid)
+                break
+    if why is None:
+        return None
+    return (f"{directory} {why} ({describe(directory)}); a directory others can write "
+            "could feed planted values to training. Use a directory of your own "
+            "(chmod 700), or opt in to sharing with a group (shared_group=)")
 
 
 def rounded(n: int) -> int:
@@ -60,19 +82,28 @@ class _Refused(Exception):
 
 
 class _Disk(diskcache.Disk):
-    """diskcache's Disk with page-rounded sizes and one level of 256 subdirectories."""
+    """diskcache's Disk with page-rounded sizes, one level of 256 subdirectories, and
+    the tier's modes on what it creates (see :mod:`zstore.cache.ownership`)."""
 
     last_path: str | None = None
+    _made: set[str] | None = None
 
     def filename(self, key: Any = diskcache.core.UNKNOWN,
                  value: Any = diskcache.core.UNKNOWN) -> tuple[str, str]:
         name = os.urandom(16).hex()
         filename = os.path.join(name[:2], name[2:] + ".val")
+        if self._made is None:
+            self._made = set()
+        if name[:2] not in self._made:  # 0700 (2770 shared), not the umask's 0755
+            make_dir(os.path.join(self._directory, name[:2]))
+            self._made.add(name[:2])
         self.last_path = os.path.join(self._directory, filename)
         return filename, self.last_path
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
+        if filename:
+            fix_file(os.path.join(self._directory, filename))
         return rounded(size), mode, filename, db_value
 
 
@@ -85,8 +116,9 @@ class Tier:
     """
 
     def __init__(self, name: str, directory: str, budget: int, stats: Stats,
-                 admission: bool = False):
+                 admission: bool = False, gid: int | None = None):
         self.name = name
+        self.gid = gid  # shared with this group (opt-in), else private to this user
         self.directory = directory
         self.budget = int(budget)
         self.reserve = min(2 * 2**20, self.budget // 4)  # SQLite WAL, -shm, directories
@@ -104,7 +136,7 @@ class Tier:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "directory": self.directory, "budget": self.budget,
-                "stats": self.stats, "admission": self.admission}
+                "stats": self.stats, "admission": self.admission, "gid": self.gid}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -126,8 +158,11 @@ class Tier:
                        f"({fstype}); SQLite locking is unsafe there, use local disk or tmpfs",
                        fstype)
             return None
+        unsafe = refusal(self.directory, self.gid)
+        if unsafe:
+            self._warn("refused", unsafe)
+            return None
         try:
-            os.makedirs(self.directory, exist_ok=True)
             self._cache = diskcache.Cache(
                 self.directory, disk=_Disk, size_limit=2**62, cull_limit=0,
                 eviction_policy="least-recently-stored", disk_min_file_size=0,
@@ -137,6 +172,8 @@ class Tier:
             self._warn("cannot be opened", e)
             self._cache = None
             return None
+        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+            fix_file(os.path.join(self.directory, name))
         self._sweep_if_due()
         return self._cache
 
@@ -148,8 +185,8 @@ class Tier:
         except FileNotFoundError:
             pass
         try:
-            with open(mark, "a"):
-                os.utime(mark)
+            os.close(open_file(mark, os.O_WRONLY | os.O_CREAT))
+            os.utime(mark)
             self.sweep()
         except Exception as e:
             self._warn("sweeping leftover files failed", e)
@@ -420,7 +457,8 @@ class Tier:
                     pass
         cache = self._open()
         entries = len(cache) if cache is not None else 0
-        return {"bytes_on_disk": used, "entries": entries, "budget": self.budget}
+        return {"bytes_on_disk": used, "entries": entries, "budget": self.budget,
+                "directory": self.directory, "ownership": describe(self.directory)}
 
     def clear(self) -> None:
         cache = self._open()

@@ -3,19 +3,43 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from zstore.cache.choice import recorded
 from zstore.cache.locks import StripedLocks
 from zstore.cache.stats import Stats, read_stats, summarize
-from zstore.cache.tier import Tier
+from zstore.cache.ownership import describe, problem
+from zstore.cache.tier import Tier, refusal
 from zstore.config import CacheConfig, ResolvedCache
 
 
+_REFUSED: set[tuple[int, str]] = set()  # (pid, directory): warned once per process
+
+
+def safe_dirs(config: ResolvedCache) -> tuple[str | None, str | None]:
+    """The RAM and SSD tier directories this process may use: each is refused, with one
+    warning naming it, its owner and mode, unless only this user (or, opted in, the
+    shared group) can write it (see :mod:`zstore.cache.ownership`)."""
+    out = []
+    for name, directory in (("ram", config.ram_dir), ("ssd", config.ssd_dir)):
+        why = refusal(directory, config.shared_gid) if directory else None
+        if why:
+            if (os.getpid(), directory) not in _REFUSED:
+                _REFUSED.add((os.getpid(), directory))  # type: ignore[arg-type]
+                warnings.warn(f"zstore {name} tier refused: {why}; reading through to the "
+                              "next tier or the origin", stacklevel=3)
+            directory = None
+        out.append(directory)
+    return out[0], out[1]
+
+
 def node_dir(config: ResolvedCache, name: str) -> str | None:
-    """A directory every process on the node shares: under the RAM tier, else the SSD tier."""
-    base = config.ram_dir or config.ssd_dir
+    """A directory every process on the node shares: under the RAM tier, else the SSD tier
+    (only a tier directory that passed the ownership check)."""
+    ram, ssd = safe_dirs(config)
+    base = ram or ssd
     return os.path.join(base, name) if base else None
 
 
@@ -31,11 +55,13 @@ class TieredCache:
     def __init__(self, config: ResolvedCache, namespace: str):
         self.config = config
         self.namespace = namespace
+        ram_dir, ssd_dir = safe_dirs(config)
         self.stats = Stats(node_dir(config, "stats"))
-        self.ram = Tier("ram", config.ram_dir, config.ram_bytes, self.stats, admission=True) \
-            if config.ram_dir and config.ram_bytes else None
-        self.ssd = Tier("ssd", config.ssd_dir, config.ssd_bytes, self.stats, admission=True) \
-            if config.ssd_dir and config.ssd_bytes else None
+        gid = config.shared_gid
+        self.ram = Tier("ram", ram_dir, config.ram_bytes, self.stats, admission=True,
+                        gid=gid) if ram_dir and config.ram_bytes else None
+        self.ssd = Tier("ssd", ssd_dir, config.ssd_bytes, self.stats, admission=True,
+                        gid=gid) if ssd_dir and config.ssd_bytes else None
         #: What the RAM tier holds for this store: "decoded" or "encoded" (the reader
         #: settles "auto" once it knows the store's size, see zstore.cache.choice).
         self.ram_format = "encoded" if config.ram_format == "encoded" else "decoded"
@@ -131,11 +157,12 @@ class TieredCache:
 
 def _tiers(config: ResolvedCache) -> list[Tier]:
     stats = Stats(None)
+    ram_dir, ssd_dir = safe_dirs(config)
     tiers = []
-    if config.ram_dir and config.ram_bytes:
-        tiers.append(Tier("ram", config.ram_dir, config.ram_bytes, stats))
-    if config.ssd_dir and config.ssd_bytes:
-        tiers.append(Tier("ssd", config.ssd_dir, config.ssd_bytes, stats))
+    if ram_dir and config.ram_bytes:
+        tiers.append(Tier("ram", ram_dir, config.ram_bytes, stats, gid=config.shared_gid))
+    if ssd_dir and config.ssd_bytes:
+        tiers.append(Tier("ssd", ssd_dir, config.ssd_bytes, stats, gid=config.shared_gid))
     return tiers
 
 
@@ -146,7 +173,13 @@ def cache_stats(cache: CacheConfig | None = None) -> dict[str, Any]:
     result = summarize(read_stats(node_dir(config, "stats")), usage)
     result["config"] = {"ram_dir": config.ram_dir, "ram_bytes": config.ram_bytes,
                         "ssd_dir": config.ssd_dir, "ssd_bytes": config.ssd_bytes,
-                        "ram_format": config.ram_format}
+                        "ram_format": config.ram_format, "shared_gid": config.shared_gid}
+    for name in ("ram", "ssd"):
+        directory = result["config"][f"{name}_dir"]
+        if directory:
+            result[name]["directory"] = directory
+            result[name]["ownership"] = describe(directory)
+            result[name]["refused"] = problem(directory, config.shared_gid)
     result["formats"] = recorded(node_dir(config, "formats"))
     return result
 

@@ -45,6 +45,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    p.add_argument("--loader", choices=["zstore", "torch"], default="zstore",
+                   help="zstore.WindowLoader (batches read in-process, default) or torch's "
+                        "DataLoader with --workers worker processes")
     p.add_argument("--window", type=float, default=10.0, help="window seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record", help="directory: each rank writes the windows it read (tests)")
@@ -63,8 +66,11 @@ def main() -> None:
     ds = zstore.WindowDataset(args.store, window_seconds=args.window, seed=args.seed,
                               fields=["wav", "act"], short="pad")  # cache: ZSTORE_* env
     sampler = DistributedSampler(ds, shuffle=True, seed=args.seed)
-    loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.workers, pin_memory=cuda)
+    if args.loader == "zstore":  # no window crosses a process boundary
+        loader = zstore.WindowLoader(ds, args.batch_size, sampler=sampler, pin_memory=cuda)
+    else:
+        loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler,
+                            num_workers=args.workers, pin_memory=cuda)
     first = ds[0]
     rate = first["wav"].shape[-1] // first["act"].shape[-1]
     model = TinyVAD(first["wav"].shape[0], first["act"].shape[0], rate).to(device)
@@ -84,7 +90,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             windows += wav.shape[0]
-            loss_sum += float(loss) * wav.shape[0]
+            loss_sum += loss.item() * wav.shape[0]
             if args.record:
                 for j, item in enumerate(batch["item"]):
                     seen.append({"epoch": epoch, "item": item, "start": float(batch["start"][j]),

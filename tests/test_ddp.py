@@ -7,12 +7,15 @@ import json
 import subprocess
 import zlib
 
+import pytest
+
 import zstore
 
 from conftest import PYTHON, REPO, free_port, subprocess_env
 
 
-def test_torchrun_two_ranks_share_the_cache(small_store, tmp_path):
+@pytest.mark.parametrize("loader", ["zstore", "torch"])
+def test_torchrun_two_ranks_share_the_cache(small_store, tmp_path, loader):
     env = subprocess_env()
     env.update(ZSTORE_RAM_DIR=str(tmp_path / "ram"), ZSTORE_RAM_BYTES="64MB",
                ZSTORE_SSD_DIR=str(tmp_path / "ssd"), ZSTORE_SSD_BYTES="64MB",
@@ -21,7 +24,7 @@ def test_torchrun_two_ranks_share_the_cache(small_store, tmp_path):
            "--master_addr=127.0.0.1", f"--master_port={free_port()}",
            str(REPO / "examples" / "train_ddp.py"), small_store, "--epochs", "2",
            "--workers", "2", "--batch-size", "2", "--window", "2.0", "--seed", "7",
-           "--record", str(tmp_path / "record")]
+           "--record", str(tmp_path / "record"), "--loader", loader]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "epoch 1:" in proc.stdout and "windows/s" in proc.stdout

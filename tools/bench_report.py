@@ -215,10 +215,11 @@ def write_report(results: dict[str, Any], out: str) -> None:
     if os.path.exists(notes):
         lines += ["", open(notes).read().strip()]
     path = os.path.join(out, "benchmarks.md")
-    kept = ""  # the budget sweep's section (tools/bench_budget.py) survives a rerun
+    kept = ""  # sections of other tools (bench_budget.py, bench_loader.py) survive a rerun
     if os.path.exists(path):
         text = open(path).read()
-        begin, end = "<!-- budget sweep: begin", "<!-- budget sweep: end -->"
-        if begin in text and end in text:
-            kept = "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"
+        for name in ("budget sweep", "training loop"):
+            begin, end = f"<!-- {name}: begin", f"<!-- {name}: end -->"
+            if begin in text and end in text:
+                kept += "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"
     open(path, "w").write("\n".join(lines) + "\n" + kept)

@@ -12,13 +12,14 @@ from zstore.dataset import WindowDataset
 from zstore.errors import (ConfigError, DestinationError, IntegrityError, MissingDataError,
                            OriginError, ShortItemError, SourceError, StoreFormatError, ZstoreError)
 from zstore.info import store_info
+from zstore.loader import LoaderError, WindowLoader
 from zstore.reader import WindowReader
 from zstore.store import CachedStore, open_store
 from zstore.warm import warm
 
 __version__ = "0.1.0"
 __all__ = ["CacheConfig", "CachedStore", "ConfigError", "ConvertReport", "DestinationError",
-           "IntegrityError", "MissingDataError", "OriginError", "ShortItemError", "SourceError",
-           "StoreFormatError", "WindowDataset", "WindowReader", "ZstoreError", "cache_stats",
+           "IntegrityError", "LoaderError", "MissingDataError", "OriginError", "ShortItemError", "SourceError",
+           "StoreFormatError", "WindowDataset", "WindowLoader", "WindowReader", "ZstoreError", "cache_stats",
            "clear_cache", "convert", "open_store", "parse_size", "store_info", "warm",
            "__version__"]

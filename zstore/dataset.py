@@ -167,6 +167,13 @@ class WindowDataset(torch.utils.data.Dataset):
         item = self._index[i]
         return window_for(item, self._lengths[item], self._window, self.seed, self.epoch)
 
+    def locate(self, i: int) -> tuple[str, dict[str, Span | None], float, int]:
+        """What ``ds[i]`` reads: (item name, span per field, start in seconds, real
+        frames of the coarsest field)."""
+        w = self.window(i)
+        coarse_rate = self._rates[self._coarse] if self._coarse else 1.0
+        return self._items[w.item], self._spans(w), w.start / coarse_rate, w.take
+
     def _spans(self, w: Window) -> dict[str, Span | None]:
         spans: dict[str, Span | None] = {}
         coarse_rate = self._rates.get(self._coarse, 1.0) if self._coarse else 1.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -137,6 +137,37 @@ class WindowReader:
             return self._read(item, spans)
 
     def _read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
+        out, plan = self._plan(item, spans)
+        if plan:
+            pieces = self._pieces(plan)
+            for name, layout, span in plan:
+                out[name] = _assemble(layout, span, pieces)
+        return out
+
+    def read_batch(self, windows: list[tuple[str, dict[str, Span]]],
+                   outs: list[dict[str, np.ndarray]],
+                   copy: Callable[[list[Callable[[], None]]], None] | None = None) -> None:
+        """Read many windows into ``outs`` (one dict of arrays of the exact window shapes
+        per window): the misses of all of them go to the tiers and the origin in one
+        round; ``copy`` runs the copies (e.g. in a thread pool; default: in turn)."""
+        self.open()
+        jobs: list[Callable[[], None]] = []
+        with self._lock:
+            plans = [self._plan(item, spans) for item, spans in windows]
+            whole = [entry for _, plan in plans for entry in plan]
+            pieces = self._pieces(whole) if whole else {}
+        for (direct, plan), out in zip(plans, outs):
+            for name, arr in direct.items():
+                jobs.append(lambda o=out[name], a=arr: np.copyto(o, a))
+            for name, layout, span in plan:
+                jobs.append(lambda la=layout, sp=span, o=out[name]:
+                            _assemble(la, sp, pieces, o))
+        (copy or _run_all)(jobs)
+
+    def _plan(self, item: str, spans: dict[str, Span | None]
+              ) -> tuple[dict[str, np.ndarray], list[tuple[str, ArrayLayout, Span]]]:
+        """Arrays read through zarr (layouts this reader does not handle), and the plan of
+        (field, layout, span) for the rest."""
         out: dict[str, np.ndarray] = {}
         plan: list[tuple[str, ArrayLayout, Span]] = []
         for name, span in spans.items():
@@ -152,11 +183,7 @@ class WindowReader:
                 out[name] = self._read_with_zarr(layout, span)
             else:
                 plan.append((name, layout, span))
-        if plan:
-            pieces = self._pieces(plan)
-            for name, layout, span in plan:
-                out[name] = _assemble(layout, span, pieces)
-        return out
+        return out, plan
 
     def _pieces(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
         """Shards (or chunks) covering every span of ``plan``."""
@@ -186,12 +213,24 @@ class WindowReader:
         return data
 
 
-def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces) -> np.ndarray:
-    """One copy of ``span`` out of the pieces (chunks or shards) that cover it."""
+def _run_all(jobs: list[Callable[[], None]]) -> None:
+    for job in jobs:
+        job()
+
+
+def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """One copy of ``span`` out of the pieces (chunks or shards) that cover it, into
+    ``out`` when given (it must have the window's shape and the array's dtype)."""
     axis = layout.time_axis
     shape = list(layout.shape)
     shape[axis] = span.stop - span.start + span.pad
-    out = np.empty(shape, dtype=layout.dtype)
+    if out is None:
+        out = np.empty(shape, dtype=layout.dtype)
+    elif out.shape != tuple(shape) or out.dtype != layout.dtype:
+        raise ValueError(f"'{layout.path}': a window of shape {tuple(shape)} ({layout.dtype}) "
+                         f"does not fit the batch slot of shape {out.shape} ({out.dtype}); "
+                         "items of a batch need the same shape apart from time")
     dst = [slice(None)] * len(shape)
     src = [slice(None)] * len(shape)
     covered = 0

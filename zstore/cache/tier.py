@@ -32,6 +32,7 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs"
 
 
 NODE_SUBDIRS = ("stats", "locks", "formats")
+REFUSAL_FRESH = 1.0  # seconds a process trusts its last look at a full tier's oldest values
 
 
 def refusal(directory: str, gid: int | None) -> str | None:
@@ -125,6 +126,7 @@ class Tier:
         self.stats = stats
         self.admission = admission
         self.sketch = None
+        self._refusal_floor: tuple[int, float] | None = None  # see admits()
         if admission:
             width = sketch_width(self.budget)
             self.sketch = FrequencySketch(directory, width)
@@ -346,6 +348,15 @@ class Tier:
         if cache is None:
             return False
         need = rounded(header_size(nbytes, blocked=blocked) + nbytes)
+        # A full tier refuses most newcomers: while the last look at its oldest values
+        # is fresh, a newcomer no more popular than they were is refused without
+        # asking SQLite (under random access that is most misses of a window).
+        floor = self._refusal_floor
+        if self.sketch is not None and floor is not None and \
+                time.monotonic() - floor[1] < REFUSAL_FRESH and \
+                not admit(self.sketch.estimate(key), [floor[0]]):
+            self.stats.add(f"{self.name}_rejected")
+            return False
         try:
             victims = self._choose_victims(cache, cache._sql, key, need)
         except Exception as e:
@@ -419,7 +430,9 @@ class Tier:
             if excess <= 0:
                 break
         if self.sketch is not None and not admit(self.sketch.estimate(key), counts):
+            self._refusal_floor = (min(counts, default=0), time.monotonic())
             return None
+        self._refusal_floor = None
         return victims
 
     def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int,

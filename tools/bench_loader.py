@@ -1,0 +1,204 @@
+"""The training loop: batches of 16 windows consumed by a loop that sums every batch.
+
+    python tools/bench_loader.py               # uses ./bench-data/budget (tools/bench_budget.py)
+
+Contenders, same dataset, same windows, in one run: zstore.WindowLoader; torch's
+DataLoader with 0 and 2 workers over the same WindowDataset; a plain loop over ds[i];
+h5py hyperslab reads in a DataLoader with 2 workers.  Warm (decoded RAM tier holding
+the data) with 1 rank and 4 ranks on the node, and cold from the S3-like latency model
+(20 ms a request, 100 MB/s a stream).  Writes the section "Training loop" of
+docs/benchmarks.md and docs/benchmarks-loader.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+import torch
+
+BATCH = 16
+S3 = {"latency": 0.020, "bandwidth": 100e6}
+MARK_BEGIN = "<!-- training loop: begin (tools/bench_loader.py) -->"
+MARK_END = "<!-- training loop: end -->"
+
+
+class H5Windows(torch.utils.data.Dataset):
+    """The same windows as a WindowDataset, read with h5py hyperslabs (opened per worker)."""
+
+    def __init__(self, h5: str, ds: Any):
+        self.h5, self.located = h5, [ds.locate(i) for i in range(len(ds))]
+        self._f = None
+
+    def __len__(self) -> int:
+        return len(self.located)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import h5py
+
+        if self._f is None:
+            self._f = h5py.File(self.h5, "r")
+        item, spans, start, length = self.located[i]
+        g = self._f[item]
+        return {"wav": torch.from_numpy(g["wav"][:, spans["wav"].start:spans["wav"].stop]),
+                "act": torch.from_numpy(g["act"][:, spans["act"].start:spans["act"].stop]),
+                "length": length}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"h5": self.h5, "located": self.located, "_f": None}
+
+
+def make_dataset(store: str, cache: Any, origin_fs: Any = None) -> Any:
+    import zstore
+
+    return zstore.WindowDataset(store, window_seconds=10.0, seed=0, cache=cache,
+                                origin_fs=origin_fs)
+
+
+def loader_for(kind: str, ds: Any, h5: str, sampler: Any) -> Any:
+    import zstore
+
+    if kind == "WindowLoader":
+        return zstore.WindowLoader(ds, BATCH, sampler=sampler, threads=2, prefetch=2)
+    if kind == "h5py DataLoader x2":
+        return torch.utils.data.DataLoader(H5Windows(h5, ds), batch_size=BATCH,
+                                           sampler=sampler, num_workers=2)
+    workers = int(kind.rsplit("x", 1)[1])
+    return torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler,
+                                       num_workers=workers)
+
+
+def consume(kind: str, ds: Any, h5: str, sampler: Any, limit: int) -> tuple[int, float]:
+    """Windows consumed and seconds: every batch summed, like a training step touching it."""
+    t0 = time.perf_counter()
+    n = 0
+    if kind == "plain loop":
+        for i in sampler:
+            x = ds[i]
+            float(x["wav"].sum()) + float(x["act"].sum())
+            n += 1
+            if n >= limit:
+                break
+        return n, time.perf_counter() - t0
+    for batch in loader_for(kind, ds, h5, sampler):
+        float(batch["wav"].sum()) + float(batch["act"].sum())
+        n += batch["wav"].shape[0]
+        if n >= limit:
+            break
+    return n, time.perf_counter() - t0
+
+
+def rank(kind: str, store: str, h5: str, cache: Any, r: int, ranks: int, limit: int,
+         origin: dict[str, Any] | None, barrier: Any, queue: Any) -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    fs = None
+    if origin:
+        from zstore.testing import ModelledFileSystem
+        fs = ModelledFileSystem(**origin)
+    ds = make_dataset(store, cache, fs)
+    sampler = DistributedSampler(ds, num_replicas=ranks, rank=r, shuffle=True, seed=1)
+    barrier.wait()
+    queue.put(consume(kind, ds, h5, sampler, limit))
+
+
+def run(kind: str, store: str, h5: str, cache: Any, ranks: int, limit: int,
+        origin: dict[str, Any] | None = None) -> float:
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(ranks), ctx.Queue()
+    procs = [ctx.Process(target=rank, args=(kind, store, h5, cache, r, ranks, limit, origin,
+                                            barrier, queue)) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join(600)
+    return sum(n for n, _ in results) / max(s for _, s in results)
+
+
+def main() -> None:
+    import zstore
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", default="bench-data/budget")
+    p.add_argument("--windows", type=int, default=320, help="windows per rank, warm")
+    p.add_argument("--cold-windows", type=int, default=64, help="windows per rank, cold")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--docs", default="docs")
+    args = p.parse_args()
+    work = os.path.abspath(args.work)
+    store, h5 = os.path.join(work, "speech.zarr"), os.path.join(work, "speech.h5")
+    if not os.path.exists(store):
+        sys.exit("run tools/bench_budget.py first (it makes the data)")
+    ram = f"/dev/shm/zstore-bench-loader-{os.getuid()}"
+    warm = zstore.CacheConfig(ram_dir=ram, ram_bytes="2GB", ram_format="decoded",
+                              ssd_dir=os.path.join(work, "ssd-loader"), ssd_bytes="2GB")
+    zstore.warm(store, cache=warm, progress=False, workers=2)
+    kinds = ["WindowLoader", "DataLoader x0", "DataLoader x2", "plain loop",
+             "h5py DataLoader x2"]
+    results: dict[str, Any] = {"warm": {}, "cold": {}}
+    for ranks in (1, 4):
+        for kind in kinds:
+            runs = [run(kind, store, h5, warm, ranks, args.windows // ranks)
+                    for _ in range(args.reps)]
+            results["warm"][f"{kind}, {ranks} rank(s)"] = runs
+            print(f"warm {ranks} rank(s) {kind:20s} {max(runs):8.0f} windows/s", flush=True)
+    for kind in ("WindowLoader", "DataLoader x2"):
+        runs = []
+        for _ in range(args.reps):
+            cold = os.path.join(work, "cold-loader")
+            shutil.rmtree(cold, ignore_errors=True)
+            cfg = zstore.CacheConfig(ram_dir=None, ssd_dir=cold, ssd_bytes="2GB")
+            runs.append(run(kind, store, h5, cfg, 1, args.cold_windows, S3))
+        results["cold"][kind] = runs
+        print(f"cold S3-like {kind:20s} {max(runs):8.0f} windows/s", flush=True)
+    shutil.rmtree(ram, ignore_errors=True)
+    write(results, args.docs)
+
+
+def write(results: dict[str, Any], docs: str) -> None:
+    with open(os.path.join(docs, "benchmarks-loader.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    best = {k: max(v) for k, v in results["warm"].items()}
+    cold = {k: max(v) for k, v in results["cold"].items()}
+    lines = [MARK_BEGIN, "", "## Training loop (tools/bench_loader.py)", "",
+             f"Batches of {BATCH} random 10 s windows (8 mics), each summed by the loop; the "
+             "decoded RAM tier holds the data (warm), or every read goes to the S3-like "
+             "model (cold, one rank). Best of the repetitions, windows/s for the node.", "",
+             "| reader | 1 rank | 4 ranks |", "|---|---:|---:|"]
+    for kind in ("WindowLoader", "DataLoader x0", "DataLoader x2", "plain loop",
+                 "h5py DataLoader x2"):
+        lines.append(f"| {kind} | {best[f'{kind}, 1 rank(s)']:.0f} | "
+                     f"{best[f'{kind}, 4 rank(s)']:.0f} |")
+    lines += ["", f"Cold, S3-like: WindowLoader {cold['WindowLoader']:.0f} windows/s, "
+              f"DataLoader x2 {cold['DataLoader x2']:.0f}.", "",
+              "| target | measured | met |", "|---|---:|:---:|"]
+    for name, value, goal in (
+            ("warm: WindowLoader >= 5x DataLoader x2 (1 rank)",
+             best["WindowLoader, 1 rank(s)"] / best["DataLoader x2, 1 rank(s)"], 5.0),
+            ("warm: WindowLoader >= 1.2x the plain loop (1 rank)",
+             best["WindowLoader, 1 rank(s)"] / best["plain loop, 1 rank(s)"], 1.2),
+            ("cold S3-like: WindowLoader >= 2x DataLoader x2",
+             cold["WindowLoader"] / cold["DataLoader x2"], 2.0)):
+        lines.append(f"| {name} | {value:.2f} | {'yes' if value >= goal else 'NO'} |")
+    lines += ["", MARK_END]
+    section = "\n".join(lines)
+    path = os.path.join(docs, "benchmarks.md")
+    text = open(path).read() if os.path.exists(path) else ""
+    if MARK_BEGIN in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + section + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    open(path, "w").write(text)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()

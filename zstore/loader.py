@@ -48,12 +48,15 @@ class _Buffers:
             else:
                 self.arrays[name] = np.empty((size, *shape), dtype=dtype)
         self.event: Any = None  # a device copy from these buffers still running
+        self._base = self._counts()  # references while nothing else holds the arrays
+
+    def _counts(self) -> list[int]:
+        return [sys.getrefcount(a) for a in self.arrays.values()]
 
     def free(self) -> bool:
-        """True when no batch handed out refers to these arrays any more."""
-        # references: this dict and getrefcount's argument; a batch handed out (or any
-        # view of it) holds one more through its tensors' storage
-        return all(sys.getrefcount(a) <= 2 for a in self.arrays.values())
+        """True when no batch handed out refers to these arrays any more: a batch (or any
+        view of it) holds one more reference through its tensors' storage."""
+        return all(n <= base for n, base in zip(self._counts(), self._base))
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -232,8 +235,11 @@ class WindowLoader:
                 buffers.event = torch.cuda.Event()
                 buffers.event.record()
         if buffers is not None:
-            # at most prefetch + 2 sets are kept; one the user still holds is theirs
+            # Back to the pool, reused once released.  At most prefetch + 2 sets are
+            # kept: past that, one the user still holds becomes theirs alone.
             with self._pool_lock:
-                self._pool = [b for b in self._pool if b.free()][:self.prefetch + 1]
                 self._pool.append(buffers)
+                if len(self._pool) > self.prefetch + 2:
+                    held = [b for b in self._pool if not b.free()]
+                    self._pool.remove(held[0] if held else self._pool[0])
         return batch

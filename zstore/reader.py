@@ -30,7 +30,8 @@ from zstore.fetch import ChunkSource
 from zstore.layout import ArrayLayout, Span, parse_array_meta
 from zstore.mapped import MappedValues
 from zstore.origin import Origin, is_url
-from zstore.shards import DecodedShards, EncodedShards, Pieces, ShardForm, chunk_pieces
+from zstore.shards import (DecodedShards, EncodedShards, Pieces, ShardForm, chunk_pieces,
+                           release_free_memory)
 from zstore.sizing import field_sizes
 from zstore.store import CachedStore, read_manifest
 
@@ -134,7 +135,16 @@ class WindowReader:
         """Read ``spans`` (per field; None = the whole array) of ``item``."""
         self.open()
         with self._lock:  # the unmapping thread edits the maps between reads
-            return self._read(item, spans)
+            out = self._read(item, spans)
+        self._trim()
+        return out
+
+    def _trim(self) -> None:
+        """Hand the heap back after windows read as chunks (their decoded temporaries
+        would otherwise stay with this process, outside the shared RAM budget)."""
+        if self.form is not None and self.form.read_chunks:
+            self.form.read_chunks = False
+            release_free_memory()
 
     def _read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
         out, plan = self._plan(item, spans)
@@ -163,6 +173,8 @@ class WindowReader:
                 jobs.append(lambda la=layout, sp=span, o=out[name]:
                             _assemble(la, sp, pieces, o))
         (copy or _run_all)(jobs)
+        del jobs, pieces
+        self._trim()
 
     def _plan(self, item: str, spans: dict[str, Span | None]
               ) -> tuple[dict[str, np.ndarray], list[tuple[str, ArrayLayout, Span]]]:

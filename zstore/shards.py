@@ -50,6 +50,7 @@ class ShardForm:
                  values: MappedValues):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
         self.ram = values.ram
+        self.read_chunks = False
 
     def key(self, layout: ArrayLayout, s: int) -> str:
         return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
@@ -81,6 +82,7 @@ class ShardForm:
             pieces.update(self._build(missing))
         if direct:  # encoded chunks stay out of the RAM tier: it holds shards
             pieces.update(chunk_pieces(self.source, direct, ram=False))
+            self.read_chunks = True  # the reader trims the heap once they are freed
         return pieces
 
     def _build(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:

@@ -6,6 +6,7 @@ node-shared RAM/SSD cache.
 ['CacheConfig', 'ConfigError', 'ConvertReport']
 """
 from zstore.cache import cache_stats, clear_cache
+from zstore.collate import collate_pad
 from zstore.config import CacheConfig, parse_size
 from zstore.convert import ConvertReport, convert
 from zstore.dataset import WindowDataset
@@ -21,5 +22,5 @@ __version__ = "0.1.0"
 __all__ = ["CacheConfig", "CachedStore", "ConfigError", "ConvertReport", "DestinationError",
            "IntegrityError", "LoaderError", "MissingDataError", "OriginError", "ShortItemError", "SourceError",
            "StoreFormatError", "WindowDataset", "WindowLoader", "WindowReader", "ZstoreError", "cache_stats",
-           "clear_cache", "convert", "open_store", "parse_size", "store_info", "warm",
+           "clear_cache", "collate_pad", "convert", "open_store", "parse_size", "store_info", "warm",
            "__version__"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -82,12 +83,16 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from zstore.cache import cache_stats, clear_cache
+    from zstore.cache import cache_stats, clear_cache, mark_stats
 
     config = _cache_config(args)
     if args.cache_command == "clear":
         clear_cache(config)
         print("cache cleared")
+        return 0
+    if args.cache_command == "mark":
+        mark_stats(config)
+        print("marked: `zstore cache stats` now also counts from here")
         return 0
     if args.cache_command == "warm":
         from zstore.warm import warm
@@ -107,11 +112,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
         if t.get("ownership"):
             where += f" ({t['ownership']}" + (f"; REFUSED: {t['refused']}" if t.get("refused")
                                                else "") + ")"
-        print(f"{tier}: {where}  hits {t['hits']}  misses {t['misses']}  hit rate "
-              f"{t['hit_rate']:.1%}  evictions {t['evictions']}  refused {t['rejected']}  "
-              f"{format_size(t.get('bytes_on_disk', 0))} of {format_size(t.get('budget', 0))}")
-    o = stats["origin"]
-    print(f"origin: {o['requests']} requests, {format_size(o['bytes'])}")
+        print(f"{tier}: {where}\n  {format_size(t.get('bytes_on_disk', 0))} of "
+              f"{format_size(t.get('budget', 0))} (budget of {t.get('budget_of', '?')})")
+        for label, part in (("since cleared", stats), ("running now", stats["running"]),
+                            ("since the mark", stats["since_mark"])):
+            if part is None:
+                continue
+            p = part[tier]
+            print(f"  {label}: hits {p['hits']}  misses {p['misses']}  hit rate "
+                  f"{p['hit_rate']:.1%}  evictions {p['evictions']}  refused {p['rejected']}")
+    for label, part in (("since cleared", stats), ("running now", stats["running"]),
+                        ("since the mark", stats["since_mark"])):
+        if part is not None:
+            o = part["origin"]
+            print(f"origin {label}: {o['requests']} requests, {format_size(o['bytes'])}")
     for store_id, choice in stats.get("formats", {}).items():
         print(f"store {store_id}: RAM tier holds {choice['format']} data: {choice['reason']}")
     return 0
@@ -131,17 +145,30 @@ def _remote_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anon", action="store_true", help="anonymous S3 access")
 
 
-def _cache_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ram-dir", help="RAM tier directory (default $ZSTORE_RAM_DIR or /dev/shm/zstore)")
-    p.add_argument("--ram-bytes", help="RAM tier budget, e.g. 64GB")
-    p.add_argument("--ssd-dir", help="SSD tier directory (default ~/.cache/zstore)")
-    p.add_argument("--ssd-bytes", help="SSD tier budget, e.g. 500GB")
+def _cache_dirs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ram-dir", help="RAM tier directory (default $ZSTORE_RAM_DIR, else "
+                   "/dev/shm/zstore-<uid>)")
+    p.add_argument("--ssd-dir", help="SSD tier directory (default $ZSTORE_SSD_DIR, else "
+                   "~/.cache/zstore)")
     p.add_argument("--shared-group", help="group that shares the tiers (default "
                    "$ZSTORE_SHARED_GROUP, else none: the tiers are private to you)")
 
 
+def _cache_options(p: argparse.ArgumentParser) -> None:
+    _cache_dirs(p)
+    p.add_argument("--ram-bytes", help="RAM tier budget, e.g. 64GB (default "
+                   "$ZSTORE_RAM_BYTES, else half the free tmpfs, at most a quarter of RAM)")
+    p.add_argument("--ssd-bytes", help="SSD tier budget, e.g. 500GB (default "
+                   "$ZSTORE_SSD_BYTES, else half the disk's free space)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zstore", description=__doc__)
+    from zstore import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="zstore", description="Random-window training data: convert HDF5 to a "
+        "time-chunked Zarr v3 store, inspect it, and manage the node's cache tiers.")
+    parser.add_argument("--version", action="version", version=f"zstore {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="rechunk HDF5 groups into a zstore (Zarr v3) store")
@@ -151,32 +178,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per second of an array, e.g. --rate wav=16000 (repeat)")
     p.add_argument("--time-axis", type=int, default=-1, help="time axis (default: last)")
     p.add_argument("--chunk-seconds", type=float, default=1.0, help="chunk duration (1.0)")
-    p.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "none"])
+    p.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "none"],
+                   help="compression (default lz4: Blosc lz4 + bitshuffle; crc32c always)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
     p.add_argument("--verify", action="store_true", help="re-read and compare every array")
     p.add_argument("--overwrite", action="store_true", help="replace what DST holds")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _remote_options(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("info", help="summarize a store's manifest")
-    p.add_argument("store")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("store", help="store path or fsspec URL")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _remote_options(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("cache", help="inspect, clear or warm the node's cache tiers")
     csub = p.add_subparsers(dest="cache_command", required=True)
     s = csub.add_parser("stats", help="hits, misses, evictions, bytes per tier (all processes)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
     _cache_options(s)
     s = csub.add_parser("clear", help="empty the tiers")
-    _cache_options(s)
+    _cache_dirs(s)
+    s = csub.add_parser("mark", help="start counting from now (stats then shows both)")
+    _cache_dirs(s)
     s = csub.add_parser("warm", help="fill the tiers from the origin before training")
-    s.add_argument("store")
+    s.add_argument("store", help="store path or fsspec URL")
     s.add_argument("--fields", nargs="+", help="arrays to warm (default: all time arrays)")
     s.add_argument("--workers", type=_count(1), default=4, help="parallel readers (4)")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     _cache_options(s)
     _remote_options(s)
     p.set_defaults(func=cmd_cache)
@@ -200,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("zstore: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `zstore info --json | head`: the reader left, not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -107,6 +107,13 @@ class WindowDataset(torch.utils.data.Dataset):
         manifest = self.reader.open().manifest
         names = self.fields if self.fields is not None else manifest.time_arrays
         unknown = [n for n in names if n not in manifest.arrays]
+        if not names and not manifest.time_arrays:
+            raise ConfigError(
+                f"{self.url}: the store has no time arrays (it was converted without "
+                f"--rate), so no windows can be cut; reconvert it with the rates, e.g. "
+                f"zstore convert SRC {self.url} --overwrite --rate "
+                f"{next(iter(manifest.arrays), 'wav')}=16000, or pass fields= and "
+                "window_seconds=None for whole arrays")
         if unknown or not names:
             raise ConfigError(f"{self.url}: no array(s) {unknown or names} in the store; "
                               f"arrays: {sorted(manifest.arrays)}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,8 +181,13 @@ def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
     for n in names:
         arrays.setdefault(n, ArrayInfo(None, None))
     if not any(a.rate for a in arrays.values()):
-        warnings.warn(f"{path}: no rates given, so every array is stored whole; pass "
-                      "rates (e.g. --rate wav=16000) to read time windows", stacklevel=2)
+        first = items[0]
+        shapes = ", ".join(f"{n} {first.shapes[n]}" for n in names)
+        raise SourceError(
+            f"{path}: no --rate given, so no array has a time axis and no window could be "
+            f"read; name the time arrays' rates in samples per second, e.g. "
+            f"--rate {names[0]}=16000 (arrays of '{first.name}': {shapes}; arrays with a "
+            "whole-number length ratio to a rated one get their rate inferred)")
     return SourcePlan(items, arrays, skipped)
 
 

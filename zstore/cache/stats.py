@@ -106,14 +106,48 @@ def fold(directory: str) -> None:
                 os.unlink(os.path.join(directory, name))
 
 
-def read_stats(directory: str | None) -> dict[str, int]:
-    """Counters summed over every process that used the cache since it was last cleared."""
+MARK = "mark.counts"  # not .bin: a snapshot, not a process's counters
+
+
+def _sum(directory: str | None, live_only: bool = False) -> np.ndarray:
     counts = np.zeros(_SLOTS, dtype=np.int64)
     if directory and os.path.isdir(directory):
         for name in os.listdir(directory):
-            if name.endswith(".bin"):
-                counts += _read(os.path.join(directory, name))
+            pid = name.split("-", 1)[0]
+            if not name.endswith(".bin"):
+                continue
+            if live_only and not (pid.isdigit() and _alive(int(pid))):
+                continue
+            counts += _read(os.path.join(directory, name))
+    return counts
+
+
+def _named(counts: np.ndarray) -> dict[str, int]:
     return {name: int(counts[i]) for name, i in _INDEX.items()}
+
+
+def read_stats(directory: str | None, *, live_only: bool = False) -> dict[str, int]:
+    """Counters summed over every process that used the cache since it was last cleared
+    (``live_only``: over the processes still running, e.g. the job now)."""
+    return _named(_sum(directory, live_only))
+
+
+def mark(directory: str | None) -> None:
+    """Remember the counters now, so that stats can show what happened since."""
+    if not directory or make_dir(directory) is not None:
+        return
+    path = os.path.join(directory, MARK)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    _sum(directory).tofile(tmp)
+    fix_file(tmp)
+    os.replace(tmp, path)
+
+
+def read_since_mark(directory: str | None) -> dict[str, int] | None:
+    """Counters since the last :func:`mark`, or None without one."""
+    if not directory or not os.path.exists(os.path.join(directory, MARK)):
+        return None
+    return _named(_sum(directory) - _read(os.path.join(directory, MARK)))
 
 
 def summarize(counts: dict[str, int], usage: dict[str, Any]) -> dict[str, Any]:

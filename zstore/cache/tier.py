@@ -11,6 +11,7 @@ degradation: any failure of the tier warns once and reads fall through.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import time
@@ -32,6 +33,7 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs"
 
 
 NODE_SUBDIRS = ("stats", "locks", "formats")
+BUDGET_FILE = "budget.json"
 REFUSAL_FRESH = 1.0  # seconds a process trusts its last look at a full tier's oldest values
 
 
@@ -117,8 +119,9 @@ class Tier:
     """
 
     def __init__(self, name: str, directory: str, budget: int, stats: Stats,
-                 admission: bool = False, gid: int | None = None):
+                 admission: bool = False, gid: int | None = None, record: bool = False):
         self.name = name
+        self.record = record  # write the budget where `zstore cache stats` finds it
         self.gid = gid  # shared with this group (opt-in), else private to this user
         self.directory = directory
         self.budget = int(budget)
@@ -138,7 +141,8 @@ class Tier:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "directory": self.directory, "budget": self.budget,
-                "stats": self.stats, "admission": self.admission, "gid": self.gid}
+                "stats": self.stats, "admission": self.admission, "gid": self.gid,
+                "record": self.record}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -176,8 +180,34 @@ class Tier:
             return None
         for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
             fix_file(os.path.join(self.directory, name))
+        if self.record:
+            self._record_budget()
         self._sweep_if_due()
         return self._cache
+
+    def _record_budget(self) -> None:
+        path = os.path.join(self.directory, BUDGET_FILE)
+        try:
+            with open(path) as f:
+                if json.load(f).get("budget") == self.budget:
+                    return
+        except (OSError, ValueError):
+            pass
+        try:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with os.fdopen(open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+                json.dump({"budget": self.budget}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+    def recorded_budget(self) -> int | None:
+        """The budget the processes using this tier last ran with (None: not known)."""
+        try:
+            with open(os.path.join(self.directory, BUDGET_FILE)) as f:
+                return int(json.load(f)["budget"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _sweep_if_due(self, every: float = 600.0) -> None:
         mark = os.path.join(self.directory, "swept")
@@ -470,7 +500,10 @@ class Tier:
                     pass
         cache = self._open()
         entries = len(cache) if cache is not None else 0
-        return {"bytes_on_disk": used, "entries": entries, "budget": self.budget,
+        recorded = self.recorded_budget()
+        return {"bytes_on_disk": used, "entries": entries,
+                "budget": recorded if recorded is not None else self.budget,
+                "budget_of": "the job" if recorded is not None else "these settings",
                 "directory": self.directory, "ownership": describe(self.directory)}
 
     def clear(self) -> None:

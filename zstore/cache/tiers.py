@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from zstore.cache.choice import recorded
 from zstore.cache.locks import StripedLocks
-from zstore.cache.stats import Stats, read_stats, summarize
+from zstore.cache.stats import Stats, mark, read_since_mark, read_stats, summarize
 from zstore.cache.ownership import describe, problem
 from zstore.cache.tier import Tier, refusal
-from zstore.config import CacheConfig, ResolvedCache
+from zstore.config import CacheConfig, ResolvedCache, format_size
 
 
 _REFUSED: set[tuple[int, str]] = set()  # (pid, directory): warned once per process
@@ -33,6 +34,24 @@ def safe_dirs(config: ResolvedCache) -> tuple[str | None, str | None]:
             directory = None
         out.append(directory)
     return out[0], out[1]
+
+
+_SMALL_TMPFS: set[tuple[int, str]] = set()
+
+
+def warn_if_tmpfs_too_small(directory: str, budget: int) -> None:
+    """One warning per process when the file system under the RAM tier is smaller than
+    its budget: the tier would fill it (and fail writes) long before its budget."""
+    try:
+        total = shutil.disk_usage(directory).total
+    except OSError:
+        return
+    if budget > total and (os.getpid(), directory) not in _SMALL_TMPFS:
+        _SMALL_TMPFS.add((os.getpid(), directory))
+        warnings.warn(f"zstore RAM tier at {directory}: its budget ({format_size(budget)}) is "
+                      f"larger than the file system that holds it ({format_size(total)}); "
+                      "grow it (e.g. mount -o remount,size=<budget + 10%> /dev/shm, as root) "
+                      "or lower ram_bytes / ZSTORE_RAM_BYTES", stacklevel=3)
 
 
 def node_dir(config: ResolvedCache, name: str) -> str | None:
@@ -59,9 +78,11 @@ class TieredCache:
         self.stats = Stats(node_dir(config, "stats"))
         gid = config.shared_gid
         self.ram = Tier("ram", ram_dir, config.ram_bytes, self.stats, admission=True,
-                        gid=gid) if ram_dir and config.ram_bytes else None
+                        gid=gid, record=True) if ram_dir and config.ram_bytes else None
         self.ssd = Tier("ssd", ssd_dir, config.ssd_bytes, self.stats, admission=True,
-                        gid=gid) if ssd_dir and config.ssd_bytes else None
+                        gid=gid, record=True) if ssd_dir and config.ssd_bytes else None
+        if self.ram is not None:
+            warn_if_tmpfs_too_small(self.ram.directory, self.ram.budget)
         #: What the RAM tier holds for this store: "decoded" or "encoded" (the reader
         #: settles "auto" once it knows the store's size, see zstore.cache.choice).
         self.ram_format = "encoded" if config.ram_format == "encoded" else "decoded"
@@ -170,7 +191,11 @@ def cache_stats(cache: CacheConfig | None = None) -> dict[str, Any]:
     """Hits, misses, evictions and bytes per tier, summed over every process on the node."""
     config = (cache or CacheConfig()).resolved()
     usage = {t.name: t.usage() for t in _tiers(config)}
-    result = summarize(read_stats(node_dir(config, "stats")), usage)
+    stats_dir = node_dir(config, "stats")
+    result = summarize(read_stats(stats_dir), usage)
+    result["running"] = summarize(read_stats(stats_dir, live_only=True), {})
+    since = read_since_mark(stats_dir)
+    result["since_mark"] = summarize(since, {}) if since is not None else None
     result["config"] = {"ram_dir": config.ram_dir, "ram_bytes": config.ram_bytes,
                         "ssd_dir": config.ssd_dir, "ssd_bytes": config.ssd_bytes,
                         "ram_format": config.ram_format, "shared_gid": config.shared_gid}
@@ -184,6 +209,11 @@ def cache_stats(cache: CacheConfig | None = None) -> dict[str, Any]:
     return result
 
 
+def mark_stats(cache: CacheConfig | None = None) -> None:
+    """Start counting "since the mark" now (``zstore cache mark``)."""
+    mark(node_dir((cache or CacheConfig()).resolved(), "stats"))
+
+
 def clear_cache(cache: CacheConfig | None = None) -> None:
     """Empty every tier and reset the counters."""
     config = (cache or CacheConfig()).resolved()
@@ -192,7 +222,7 @@ def clear_cache(cache: CacheConfig | None = None) -> None:
     directory = node_dir(config, "stats")
     if directory and os.path.isdir(directory):
         for name in os.listdir(directory):
-            if name.endswith(".bin"):
+            if name.endswith(".bin") or name == "mark.counts":
                 try:
                     os.unlink(os.path.join(directory, name))
                 except FileNotFoundError:

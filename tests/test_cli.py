@@ -32,8 +32,8 @@ def test_cache_warm_stats_clear(small_store, tmp_path):
     [ds[i] for i in range(len(ds))]
     assert zstore.cache_stats(cache)["origin"]["requests"] == data["origin"]["requests"]
     text = zstore_cli("cache", "stats", *dirs, *sizes)
-    assert "ram:" in text.stdout and "hit rate" in text.stdout and "origin:" in text.stdout
-    cleared = zstore_cli("cache", "clear", *dirs, *sizes)
+    assert "ram:" in text.stdout and "hit rate" in text.stdout and "origin since" in text.stdout
+    cleared = zstore_cli("cache", "clear", *dirs)  # budgets do not matter to clearing
     assert cleared.returncode == 0 and "cleared" in cleared.stdout
     after = json.loads(zstore_cli("cache", "stats", "--json", *dirs, *sizes).stdout)
     assert after["ram"]["entries"] == 0 and after["ssd"]["entries"] == 0

@@ -183,10 +183,11 @@ def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
     if not any(a.rate for a in arrays.values()):
         first = items[0]
         shapes = ", ".join(f"{n} {first.shapes[n]}" for n in names)
+        longest = max(names, key=lambda n: first.shapes[n][time_axis] if first.shapes[n] else 0)
         raise SourceError(
             f"{path}: no --rate given, so no array has a time axis and no window could be "
             f"read; name the time arrays' rates in samples per second, e.g. "
-            f"--rate {names[0]}=16000 (arrays of '{first.name}': {shapes}; arrays with a "
+            f"--rate {longest}=16000 (arrays of '{first.name}': {shapes}; arrays with a "
             "whole-number length ratio to a rated one get their rate inferred)")
     return SourcePlan(items, arrays, skipped)
 

@@ -29,6 +29,9 @@ HOP = 160
 FRAMES = 1000  # 10 s at 100 frames/s
 FRACTIONS = (1.0, 0.75, 0.5, 0.33, 0.0)
 FORMATS = ("auto", "decoded", "encoded")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_docs import replace_section  # noqa: E402
+
 MARK_BEGIN = "<!-- budget sweep: begin (tools/bench_budget.py) -->"
 MARK_END = "<!-- budget sweep: end -->"
 
@@ -261,15 +264,7 @@ def write(results: dict[str, Any], docs: str) -> None:
         lines.append(f"| {r['ranks']} | {r['fraction']:.2f} | {r['format']} | {wps} | {hit} | "
                      f"{fill} | {chosen} |")
     lines += ["", MARK_END]
-    section = "\n".join(lines)
-    path = os.path.join(docs, "benchmarks.md")
-    text = open(path).read() if os.path.exists(path) else ""
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    open(path, "w").write(text)
+    replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
     _plot(results, os.path.join(docs, "benchmarks-budget.png"))
 
 

@@ -25,6 +25,9 @@ import torch
 
 BATCH = 16
 S3 = {"latency": 0.020, "bandwidth": 100e6}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_docs import replace_section  # noqa: E402
+
 MARK_BEGIN = "<!-- training loop: begin (tools/bench_loader.py) -->"
 MARK_END = "<!-- training loop: end -->"
 
@@ -127,7 +130,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", default="bench-data/budget")
-    p.add_argument("--windows", type=int, default=320, help="windows per rank, warm")
+    p.add_argument("--windows", type=int, default=960, help="windows per node, warm")
     p.add_argument("--cold-windows", type=int, default=64, help="windows per rank, cold")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--docs", default="docs")
@@ -188,15 +191,7 @@ def write(results: dict[str, Any], docs: str) -> None:
              cold["WindowLoader"] / cold["DataLoader x2"], 2.0)):
         lines.append(f"| {name} | {value:.2f} | {'yes' if value >= goal else 'NO'} |")
     lines += ["", MARK_END]
-    section = "\n".join(lines)
-    path = os.path.join(docs, "benchmarks.md")
-    text = open(path).read() if os.path.exists(path) else ""
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    open(path, "w").write(text)
+    replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
 
 
 if __name__ == "__main__":

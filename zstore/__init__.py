@@ -3,9 +3,12 @@ node-shared RAM/SSD cache.
 
 >>> import zstore
 >>> sorted(zstore.__all__)[:3]
-['CacheConfig', 'ConfigError', 'ConvertReport']
+['CacheConfig', 'CachedFileSystem', 'CachedStore']
 """
+import fsspec as _fsspec
+
 from zstore.cache import cache_stats, clear_cache
+from zstore.cachedfs import CachedFileSystem, cached_filesystem
 from zstore.collate import collate_pad
 from zstore.config import CacheConfig, parse_size
 from zstore.convert import ConvertReport, convert
@@ -19,8 +22,13 @@ from zstore.store import CachedStore, open_store
 from zstore.warm import warm
 
 __version__ = "0.1.0"
-__all__ = ["CacheConfig", "CachedStore", "ConfigError", "ConvertReport", "DestinationError",
-           "IntegrityError", "LoaderError", "MissingDataError", "OriginError", "ShortItemError", "SourceError",
-           "StoreFormatError", "WindowDataset", "WindowLoader", "WindowReader", "ZstoreError", "cache_stats",
-           "clear_cache", "collate_pad", "convert", "open_store", "parse_size", "store_info", "warm",
-           "__version__"]
+
+# `fsspec.open("zstore::s3://...")` works once zstore is imported; the package's
+# fsspec.specs entry point registers it even before that.
+_fsspec.register_implementation("zstore", CachedFileSystem, clobber=True)
+__all__ = ["cache_stats", "CacheConfig", "cached_filesystem", "CachedFileSystem",
+           "CachedStore", "clear_cache", "collate_pad", "ConfigError", "convert",
+           "ConvertReport", "DestinationError", "IntegrityError", "LoaderError",
+           "MissingDataError", "open_store", "OriginError", "parse_size", "ShortItemError",
+           "SourceError", "store_info", "StoreFormatError", "warm", "WindowDataset",
+           "WindowLoader", "WindowReader", "ZstoreError", "__version__"]

@@ -108,8 +108,9 @@ class ModelledFileSystem(AbstractFileSystem):
 
     def _entry(self, local: str) -> dict[str, Any]:
         kind = "directory" if os.path.isdir(local) else "file"
-        return {"name": local, "size": os.path.getsize(local) if kind == "file" else 0,
-                "type": kind}
+        st = os.stat(local)
+        return {"name": local, "size": st.st_size if kind == "file" else 0, "type": kind,
+                "mtime": st.st_mtime_ns}
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         local = self._local(path)
@@ -121,8 +122,8 @@ class ModelledFileSystem(AbstractFileSystem):
               **kwargs: Any) -> AbstractBufferedFile:
         if mode != "rb":
             raise PermissionError(f"{path}: the modelled file system is read-only")
-        return _ModelledFile(self, path, mode, block_size=block_size or 2**20,
-                             cache_type="readahead", **kwargs)
+        kwargs.setdefault("cache_type", "readahead")
+        return _ModelledFile(self, path, mode, block_size=block_size or 2**20, **kwargs)
 
 
 class _ModelledFile(AbstractBufferedFile):

@@ -3,5 +3,5 @@
 # convert it and read random windows through the node cache (see `zstore demo --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source tools/setup.sh
+source tools/setup.sh ""  # no extras (and not the demo's own arguments)
 exec "$PY" -m zstore.cli demo "$@"

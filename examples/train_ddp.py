@@ -45,6 +45,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    p.add_argument("--sampler", choices=["node", "distributed"], default="node",
+                   help="zstore.NodeSampler (each item stays on one node; default) or "
+                        "torch's DistributedSampler")
+    p.add_argument("--local-world-size", type=int, default=None,
+                   help="ranks per node (default: torchrun's LOCAL_WORLD_SIZE)")
     p.add_argument("--loader", choices=["zstore", "torch"], default="zstore",
                    help="zstore.WindowLoader (batches read in-process, default) or torch's "
                         "DataLoader with --workers worker processes")
@@ -65,7 +70,10 @@ def main() -> None:
 
     ds = zstore.WindowDataset(args.store, window_seconds=args.window, seed=args.seed,
                               fields=["wav", "act"], short="pad")  # cache: ZSTORE_* env
-    sampler = DistributedSampler(ds, shuffle=True, seed=args.seed)
+    if args.sampler == "node":  # its indices carry the epoch: no ds.set_epoch needed
+        sampler = zstore.NodeSampler(ds, seed=args.seed, local_world_size=args.local_world_size)
+    else:
+        sampler = DistributedSampler(ds, shuffle=True, seed=args.seed)
     if args.loader == "zstore":  # no window crosses a process boundary
         loader = zstore.WindowLoader(ds, args.batch_size, sampler=sampler, pin_memory=cuda)
     else:

@@ -71,3 +71,31 @@ def test_lightning_datamodule_without_lightning_installed(small_store, cache):
     batch = next(iter(dm.train_dataloader()))
     assert batch["wav"].shape == (2, 2, 16000) and dm.train_set.epoch == 3
     assert len(list(dm.val_dataloader())) == 3
+
+
+def test_torchrun_two_nodes_keep_their_items(small_store, tmp_path):
+    """2 processes as 2 nodes x 1 rank with NodeSampler: each keeps its items every epoch."""
+    env = subprocess_env()
+    env.update(ZSTORE_RAM_DIR=str(tmp_path / "ram"), ZSTORE_RAM_BYTES="64MB",
+               ZSTORE_SSD_DIR=str(tmp_path / "ssd"), ZSTORE_SSD_BYTES="64MB",
+               OMP_NUM_THREADS="1")
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           str(REPO / "examples" / "train_ddp.py"), small_store, "--epochs", "3",
+           "--batch-size", "1", "--window", "2.0", "--seed", "3", "--sampler", "node",
+           "--local-world-size", "1", "--record", str(tmp_path / "record")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = [json.loads((tmp_path / "record" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ds = zstore.WindowDataset(small_store, window_seconds=2.0, seed=3, cache=False)
+    homes = []
+    for rank in ranks:
+        per_epoch = [{s["item"] for s in rank if s["epoch"] == e} for e in range(3)]
+        assert per_epoch[0] == per_epoch[1] == per_epoch[2]  # the same items every epoch
+        homes.append(per_epoch[0])
+        assert len({len([s for s in rank if s["epoch"] == e]) for e in range(3)}) == 1
+    assert not homes[0] & homes[1] and homes[0] | homes[1] == set(ds._items)
+    starts = {(s["item"], s["epoch"]): s["start"] for s in ranks[0]}
+    item = next(iter(homes[0]))
+    assert len({starts[(item, e)] for e in range(3)}) > 1 or ds._lengths[
+        ds._items.index(item)] <= 200  # windows move between epochs

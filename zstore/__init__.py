@@ -18,6 +18,7 @@ from zstore.errors import (ConfigError, DestinationError, IntegrityError, Missin
 from zstore.info import store_info
 from zstore.loader import LoaderError, WindowLoader
 from zstore.reader import WindowReader
+from zstore.samplers import NodeSampler, WindowSampler
 from zstore.store import CachedStore, open_store
 from zstore.warm import warm
 
@@ -28,7 +29,7 @@ __version__ = "0.1.0"
 _fsspec.register_implementation("zstore", CachedFileSystem, clobber=True)
 __all__ = ["cache_stats", "CacheConfig", "cached_filesystem", "CachedFileSystem",
            "CachedStore", "clear_cache", "collate_pad", "ConfigError", "convert",
-           "ConvertReport", "DestinationError", "IntegrityError", "LoaderError",
+           "ConvertReport", "DestinationError", "IntegrityError", "LoaderError", "NodeSampler",
            "MissingDataError", "open_store", "OriginError", "parse_size", "ShortItemError",
            "SourceError", "store_info", "StoreFormatError", "warm", "WindowDataset",
-           "WindowLoader", "WindowReader", "ZstoreError", "__version__"]
+           "WindowLoader", "WindowReader", "WindowSampler", "ZstoreError", "__version__"]

@@ -74,6 +74,8 @@ class WindowDataset(torch.utils.data.Dataset):
             ``ZSTORE_*`` environment, ``False`` reads the origin directly.
         storage_options: passed to fsspec (S3 endpoint, credentials, ...).
         transform: applied to each item's dict.
+        windows_per_item: windows drawn from each item per epoch, each from
+            ``(seed, epoch, item, j)``; ``len(ds)`` grows by that factor.
 
     ``ds[i]`` is a dict: one tensor per field (all cut at the same time span,
     the start on the coarsest field's grid), ``"item"`` (name), ``"start"``
@@ -86,7 +88,7 @@ class WindowDataset(torch.utils.data.Dataset):
                  cache: CacheConfig | bool | None = None,
                  storage_options: dict[str, Any] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None,
-                 origin_fs: Any = None):
+                 origin_fs: Any = None, windows_per_item: int = 1):
         self.url = str(url)
         self.fields = list(fields) if fields is not None else None
         self.window_seconds = _check_window(window_seconds)
@@ -94,6 +96,11 @@ class WindowDataset(torch.utils.data.Dataset):
         self.epoch = 0
         self.short = short
         self.transform = transform
+        self.windows_per_item = _whole("windows_per_item", windows_per_item)
+        if self.windows_per_item < 1:
+            raise ConfigError(f"windows_per_item must be at least 1, got {windows_per_item}")
+        self._plain_seen: tuple[int, bytearray] | None = None  # see _note_plain
+        self._warned_epoch = False
         self.reader = WindowReader(self.url, cache=as_cache_config(cache),
                                    storage_options=storage_options, origin_fs=origin_fs,
                                    fields=self.fields)
@@ -152,29 +159,72 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lengths", "_items", "_index", "short_items", "_field_lengths"):
+        for key in ("_lengths", "_items", "_index", "short_items", "_field_lengths",
+                    "_plain_seen"):
             state.pop(key, None)  # rebuilt from the manifest in the new process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._plain_seen = None
         self._setup()
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._index) * self.windows_per_item
+
+    def item_lengths(self) -> list[int]:
+        """Per index ``i`` of the dataset, its item's length in frames of the coarsest
+        field (what samplers balance by)."""
+        k = self.windows_per_item
+        return [self._lengths[item] for item in self._index for _ in range(k)]
+
+    def item_of(self, i: int) -> int:
+        """The item (position in the store's manifest) that index ``i`` reads."""
+        return self._index[(i % len(self)) // self.windows_per_item]
 
     def set_epoch(self, epoch: int) -> None:
         """Move to another draw of windows (call it before each epoch)."""
         self.epoch = _whole("epoch", epoch)
 
-    def window(self, i: int) -> Window:
-        """Where ``ds[i]`` lies: item index, start, real frames and padding (coarse grid)."""
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"index {i} out of range for {len(self)} items")
-        item = self._index[i]
-        return window_for(item, self._lengths[item], self._window, self.seed, self.epoch)
+    def window(self, i: int | tuple[int, int]) -> Window:
+        """Where ``ds[i]`` lies: item index, start, real frames and padding (coarse grid).
 
-    def locate(self, i: int) -> tuple[str, dict[str, Span | None], float, int]:
+        ``i`` is an index, or an ``(epoch, index)`` pair as zstore's samplers yield:
+        the epoch then travels with the index and ``set_epoch`` is not needed.
+        """
+        if isinstance(i, tuple):
+            epoch, i = i
+        else:
+            epoch = self.epoch
+            self._note_plain(i)
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} windows")
+        item_i, j = divmod(i % n, self.windows_per_item)
+        item = self._index[item_i]
+        return window_for(item, self._lengths[item], self._window, self.seed, epoch, j)
+
+    def _note_plain(self, i: int) -> None:
+        """In a DataLoader worker, say once if a plain index comes twice in one epoch:
+        the window draw did not move (set_epoch in the main process does not reach
+        persistent workers, and Lightning calls it on the sampler only)."""
+        if self._warned_epoch or torch.utils.data.get_worker_info() is None:
+            return
+        seen = self._plain_seen
+        if seen is None or seen[0] != self.epoch:
+            seen = self._plain_seen = (self.epoch, bytearray(len(self) // 8 + 1))
+        bits, i = seen[1], i % len(self)
+        if bits[i >> 3] & (1 << (i & 7)):
+            self._warned_epoch = True
+            warnings.warn(
+                f"{self.url}: window {i} was asked for twice in epoch {self.epoch}; if this "
+                "is a new epoch, its windows are the last epoch's (set_epoch did not reach "
+                "this process: persistent_workers=True, Lightning). Use "
+                "zstore.WindowSampler or zstore.NodeSampler, whose indices carry the epoch",
+                stacklevel=3)
+        bits[i >> 3] |= 1 << (i & 7)
+
+    def locate(self, i: int | tuple[int, int]) -> tuple[str, dict[str, Span | None], float, int]:
         """What ``ds[i]`` reads: (item name, span per field, start in seconds, real
         frames of the coarsest field)."""
         w = self.window(i)
@@ -196,7 +246,7 @@ class WindowDataset(torch.utils.data.Dataset):
             spans[name] = Span(start, stop, total - (stop - start))
         return spans
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int | tuple[int, int]) -> dict[str, Any]:
         w = self.window(i)
         arrays = self.reader.read(self._items[w.item], self._spans(w))
         coarse_rate = self._rates[self._coarse] if self._coarse else 1.0

@@ -21,11 +21,14 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def draw_start(seed: int, epoch: int, index: int, choices: int) -> int:
-    """A start in ``range(choices)`` from ``(seed, epoch, index)`` alone."""
+def draw_start(seed: int, epoch: int, index: int, choices: int, j: int = 0) -> int:
+    """A start in ``range(choices)`` from ``(seed, epoch, index)`` alone (``j``: which of
+    an item's windows in the epoch; the first is the same as with one window per item)."""
     if choices <= 1:
         return 0
     h = splitmix64(splitmix64(splitmix64(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
+    if j:
+        h = splitmix64(h ^ (j & _MASK))
     return h % choices
 
 
@@ -59,10 +62,11 @@ def usable_items(lengths: list[int], window: int | None, short: str,
     return list(range(len(lengths))), short_items
 
 
-def window_for(item: int, length: int, window: int | None, seed: int, epoch: int) -> Window:
-    """The window of ``item`` for this (seed, epoch)."""
+def window_for(item: int, length: int, window: int | None, seed: int, epoch: int,
+               j: int = 0) -> Window:
+    """Window ``j`` of ``item`` for this (seed, epoch)."""
     if window is None:
         return Window(item, 0, length, 0)
     if length >= window:
-        return Window(item, draw_start(seed, epoch, item, length - window + 1), window, 0)
+        return Window(item, draw_start(seed, epoch, item, length - window + 1, j), window, 0)
     return Window(item, 0, length, window - length)

@@ -218,7 +218,7 @@ def write_report(results: dict[str, Any], out: str) -> None:
     kept = ""  # sections of other tools (bench_budget.py, bench_loader.py) survive a rerun
     if os.path.exists(path):
         text = open(path).read()
-        for name in ("budget sweep", "training loop", "fsspec layer"):
+        for name in ("budget sweep", "training loop", "fsspec layer", "cluster"):
             begin, end = f"<!-- {name}: begin", f"<!-- {name}: end -->"
             if begin in text and end in text:
                 kept += "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"

@@ -75,8 +75,12 @@ def test_node_sampler_covers_keeps_and_balances(ds):
         homes = homes or node_sets
         assert node_sets == homes  # the same items on the same node every epoch
     lengths = np.asarray(ds.item_lengths())
-    totals = [lengths[samplers[0].home == n].sum() for n in range(2)]
+    home = samplers[0].item_home
+    totals = [lengths[home == n].sum() for n in range(2)]
     assert abs(totals[0] - totals[1]) <= lengths.max()
+    k = ds.windows_per_item  # every window of an item is on the item's node
+    for n in range(2):
+        assert all(home[i // k] == n for i in node_sets[n])
 
 
 def test_node_sampler_is_deterministic_and_shuffles_per_epoch(ds):
@@ -139,3 +143,25 @@ def test_node_sampler_under_window_loader(small_store, cache):
     loader.set_epoch(1)
     got = [i for b in loader for i in b["item"]]
     assert len(got) == len(s)
+
+
+def test_warm_one_nodes_share(small_store, tmp_path):
+    from test_cli import zstore_cli
+
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False)
+    home = zstore.NodeSampler(ds, num_replicas=2, rank=0, local_world_size=1,
+                              seed=4).item_home
+    dirs = ["--ram-dir", str(tmp_path / "ram"), "--ram-bytes", "64MB", "--ssd-dir", "none"]
+    proc = zstore_cli("cache", "warm", small_store, "--nodes", "2", "--node-rank", "1",
+                      "--seed", "4", "--no-progress", *dirs)
+    assert proc.returncode == 0, proc.stderr
+    assert f"warmed {int((home == 1).sum())} items" in proc.stdout
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    warmed = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg)
+    before = zstore.cache_stats(cfg)["origin"]["requests"]
+    for i in range(len(warmed)):
+        if home[i] == 1:
+            warmed[i]
+    assert zstore.cache_stats(cfg)["origin"]["requests"] == before  # all from RAM
+    bad = zstore_cli("cache", "warm", small_store, "--nodes", "2", "--node-rank", "2", *dirs)
+    assert bad.returncode == 2 and "node rank" in bad.stderr

@@ -99,7 +99,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
         done = warm(args.store, fields=args.fields, cache=config,
                     storage_options=_storage_options(args), workers=args.workers,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, nodes=args.nodes,
+                    node_rank=args.node_rank, seed=args.seed)
         print(f"warmed {done['items']} items, {format_size(done['bytes'])} decoded")
         return 0
     stats = cache_stats(config)
@@ -207,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fields", nargs="+", help="arrays to warm (default: all time arrays)")
     s.add_argument("--workers", type=_count(1), default=4, help="parallel readers (4)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--nodes", type=_count(1), help="warm one node's share only: the number "
+                   "of nodes (as NodeSampler assigns items)")
+    s.add_argument("--node-rank", type=_count(0), help="this node's rank, with --nodes")
+    s.add_argument("--seed", type=int, default=0, help="NodeSampler's seed (0)")
     _cache_options(s)
     _remote_options(s)
     p.set_defaults(func=cmd_cache)

@@ -173,10 +173,9 @@ class WindowDataset(torch.utils.data.Dataset):
         return len(self._index) * self.windows_per_item
 
     def item_lengths(self) -> list[int]:
-        """Per index ``i`` of the dataset, its item's length in frames of the coarsest
-        field (what samplers balance by)."""
-        k = self.windows_per_item
-        return [self._lengths[item] for item in self._index for _ in range(k)]
+        """The length (frames of the coarsest field) of every item the dataset serves, in
+        index order: index ``i`` reads item ``i // windows_per_item`` of this list."""
+        return [self._lengths[item] for item in self._index]
 
     def item_of(self, i: int) -> int:
         """The item (position in the store's manifest) that index ``i`` reads."""

@@ -159,10 +159,14 @@ class NodeSampler(torch.utils.data.Sampler):
         if not 0.0 <= rotate <= 1.0:
             raise ConfigError(f"rotate is a fraction of the items, from 0 to 1; got {rotate}")
         self.shuffle, self.seed, self.drop_last, self.rotate = shuffle, int(seed), drop_last, rotate
+        # Items, not indices, are assigned: all windows of an item stay on its node.
+        self.per_item = int(getattr(dataset, "windows_per_item", 1))
         lengths = dataset.item_lengths() if hasattr(dataset, "item_lengths") else \
             [1] * len(dataset)
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.home = assign_nodes(self.lengths, self.nodes, self.seed)
+        self.item_lengths = np.asarray(lengths, dtype=np.int64)
+        self.item_home = assign_nodes(self.item_lengths, self.nodes, self.seed)
+        self.home = np.repeat(self.item_home, self.per_item)  # the node of every index
+        self.lengths = np.repeat(self.item_lengths, self.per_item)
         counts = np.bincount(self.home, minlength=self.nodes)
         per_rank = counts / self.local
         self.num_samples = int(per_rank.min() // 1) if drop_last else int(
@@ -183,12 +187,12 @@ class NodeSampler(torch.utils.data.Sampler):
         epoch = self.epoch if epoch is None else epoch
         if not self.rotate or self.nodes == 1:
             return self.home
-        node = self.home.copy()
+        node = self.item_home.copy()
         rng = _rng(self.seed, epoch, 0x0707)
         moving = rng.random(len(node)) < self.rotate
         shift = rng.integers(1, self.nodes, len(node))
         node[moving] = (node[moving] + shift[moving]) % self.nodes
-        return node
+        return np.repeat(node, self.per_item)
 
     def order(self, epoch: int | None = None, rank: int | None = None) -> list[int]:
         """A rank's indices for ``epoch``, in order (a pure function of seed, epoch and

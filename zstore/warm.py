@@ -15,13 +15,21 @@ from zstore.store import read_manifest
 
 def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | None = None,
          storage_options: dict[str, Any] | None = None, workers: int = 4,
-         progress: bool = True) -> dict[str, int]:
-    """Read every chunk of ``fields`` once, so the tiers hold them (within their budgets)."""
+         progress: bool = True, nodes: int | None = None, node_rank: int | None = None,
+         seed: int = 0) -> dict[str, int]:
+    """Read every chunk of ``fields`` once, so the tiers hold them (within their budgets).
+
+    ``nodes``/``node_rank``: warm only the items ``zstore.NodeSampler`` (same ``seed``,
+    every item served) assigns to node ``node_rank`` of ``nodes``.
+    """
     from tqdm import tqdm
 
     config = cache or CacheConfig()
     manifest, _ = read_manifest(url, storage_options)
     names = list(fields) if fields else manifest.time_arrays
+    items = list(manifest.items)
+    if nodes is not None:
+        items = node_share(manifest, names, nodes, node_rank, seed)
     local = threading.local()
 
     def one(item: str) -> int:
@@ -34,8 +42,26 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
 
     total = 0
     with cf.ThreadPoolExecutor(max(1, workers)) as pool, \
-            tqdm(total=len(manifest.items), desc="warm", unit="item", disable=not progress) as bar:
-        for nbytes in pool.map(one, manifest.items):
+            tqdm(total=len(items), desc="warm", unit="item", disable=not progress) as bar:
+        for nbytes in pool.map(one, items):
             total += nbytes
             bar.update(1)
-    return {"items": len(manifest.items), "bytes": total}
+    return {"items": len(items), "bytes": total}
+
+
+def node_share(manifest: Any, names: Sequence[str], nodes: int, node_rank: int | None,
+               seed: int) -> list[str]:
+    """The items NodeSampler assigns to node ``node_rank`` of ``nodes``."""
+    from zstore.dataset import common_lengths
+    from zstore.errors import ConfigError
+    from zstore.samplers import assign_nodes
+
+    if nodes < 1 or node_rank is None or not 0 <= node_rank < nodes:
+        raise ConfigError(f"--nodes {nodes} --node-rank {node_rank}: the node rank must be "
+                          f"from 0 to {nodes - 1}")
+    timed = [n for n in names if manifest.arrays[n].rate is not None]
+    rates = {n: float(manifest.arrays[n].rate) for n in timed}
+    coarse = min(timed, key=lambda n: rates[n])
+    lengths = common_lengths(manifest.lengths, rates, coarse)
+    home = assign_nodes(lengths, nodes, seed)
+    return [item for item, node in zip(manifest.items, home) if node == node_rank]

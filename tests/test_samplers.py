@@ -128,6 +128,21 @@ def test_layout_from_the_environment_and_errors(ds, monkeypatch):
         zstore.NodeSampler(ds, num_replicas=64, rank=0, local_world_size=1, drop_last=True)
 
 
+def test_a_node_share_larger_than_its_tiers_warns(small_store, tmp_path):
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="1MB", ssd_dir=None)
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg)
+    with pytest.warns(UserWarning, match="node 0's share .* exceeds its RAM \\+ SSD"):
+        zstore.NodeSampler(ds, num_replicas=2, rank=0, local_world_size=1)
+    roomy = zstore.CacheConfig(ram_dir=tmp_path / "ram2", ram_bytes="64MB", ssd_dir=None)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        zstore.NodeSampler(zstore.WindowDataset(small_store, window_seconds=1.0,
+                                                cache=roomy),
+                           num_replicas=2, rank=0, local_world_size=1)
+
+
 def test_rotate_moves_a_fraction_each_epoch(ds):
     s = layout(ds, 2, 1, seed=1, rotate=0.25)[0]
     moved = (s.nodes_of(1) != s.home).mean()

@@ -119,12 +119,18 @@ def main() -> None:
     p.add_argument("--work", default="bench-data/budget")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--docs", default="docs")
+    p.add_argument("--replot", action="store_true",
+                   help="rewrite the section and plot from docs/benchmarks-cluster.json")
     args = p.parse_args()
     work = os.path.abspath(args.work)
     store = os.path.join(work, "speech.zarr")
     manifest, metas = read_manifest(store, None)
     sizes = field_sizes(manifest, metas)
     budget = int(0.35 * sizes.decoded_bytes)
+    if args.replot:
+        with open(os.path.join(args.docs, "benchmarks-cluster.json")) as f:
+            write(json.load(f), sizes, budget, args.docs)
+        return
     results = []
     for kind in ("node", "node rotate=0.1", "distributed"):
         r = run(kind, store, work, budget, args.epochs)
@@ -158,6 +164,28 @@ def write(results: list[dict[str, Any]], sizes: Any, budget: int, docs: str) -> 
               f"about M x B (here {NODES} x {budget / 1e6:.0f} MB against "
               f"{sizes.decoded_bytes / 1e6:.0f} MB decoded).", "", MARK_END]
     replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
+    plot(results, os.path.join(docs, "benchmarks-cluster.png"))
+
+
+def plot(results: list[dict[str, Any]], path: str) -> None:
+    """Origin bytes per epoch, one line per sampler."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in results:
+        ax.plot(range(len(r["origin_bytes"])), [b / 1e6 for b in r["origin_bytes"]],
+                marker="o", label=r["sampler"])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("MB read from the origin (all nodes)")
+    ax.set_title(f"{NODES} nodes x {PER_NODE} ranks, node RAM 0.35x the corpus")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

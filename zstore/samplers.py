@@ -178,6 +178,24 @@ class NodeSampler(torch.utils.data.Sampler):
                               "or more data")
         self.epoch = 0
         self._start = 0
+        self._check_dataset_budget(dataset)
+
+    def _check_dataset_budget(self, dataset: Any) -> None:
+        """For a WindowDataset with a cache: warn when this node's share of the store is
+        larger than the node's RAM + SSD tiers (then part of it comes from the origin
+        every epoch; the tiers' admission decides which part stays)."""
+        reader = getattr(dataset, "reader", None)
+        if reader is None or reader.cache is None or self.nodes == 1:
+            return
+        from zstore.sizing import field_sizes
+
+        reader.open()
+        sizes = field_sizes(reader.manifest, reader._metas, reader.fields)
+        resolved = reader.cache.resolved()
+        self.check_budget({"decoded_bytes": sizes.decoded_bytes,
+                           "stored_bytes": sizes.stored_bytes},
+                          resolved.ram_bytes if resolved.ram_dir else 0,
+                          resolved.ssd_bytes if resolved.ssd_dir else 0)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._start = int(epoch), 0

@@ -178,5 +178,12 @@ def test_warm_one_nodes_share(small_store, tmp_path):
         if home[i] == 1:
             warmed[i]
     assert zstore.cache_stats(cfg)["origin"]["requests"] == before  # all from RAM
+    share = zstore_cli("cache", "stats", "--store", small_store, "--nodes", "2",
+                       "--node-rank", "1", "--seed", "4", *dirs)
+    assert share.returncode == 0, share.stderr
+    assert "node 1 of 2:" in share.stdout and "(100%)" in share.stdout
+    other = zstore_cli("cache", "stats", "--store", small_store, "--nodes", "2",
+                       "--node-rank", "0", "--seed", "4", *dirs)
+    assert "(0%)" in other.stdout  # node 0's share was not warmed here
     bad = zstore_cli("cache", "warm", small_store, "--nodes", "2", "--node-rank", "2", *dirs)
     assert bad.returncode == 2 and "node rank" in bad.stderr

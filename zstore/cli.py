@@ -104,6 +104,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"warmed {done['items']} items, {format_size(done['bytes'])} decoded")
         return 0
     stats = cache_stats(config)
+    if args.store:
+        from zstore.warm import share_residency
+
+        stats["share"] = share_residency(args.store, cache=config, nodes=args.nodes or 1,
+                                         node_rank=args.node_rank or 0, seed=args.seed,
+                                         storage_options=_storage_options(args))
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
@@ -129,6 +135,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print(f"origin {label}: {o['requests']} requests, {format_size(o['bytes'])}")
     for store_id, choice in stats.get("formats", {}).items():
         print(f"store {store_id}: RAM tier holds {choice['format']} data: {choice['reason']}")
+    share = stats.get("share")
+    if share:
+        print(f"node {share['node']} of {share['nodes']}: {share['resident_in_ram']} of "
+              f"{share['shards']} shards of its share ({share['items']} items) are in the "
+              f"RAM tier ({share['fraction']:.0%})")
     return 0
 
 
@@ -198,7 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="cache_command", required=True)
     s = csub.add_parser("stats", help="hits, misses, evictions, bytes per tier (all processes)")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    s.add_argument("--store", help="also say how much of this store's share (with --nodes, "
+                   "--node-rank: one node's, as NodeSampler assigns) the RAM tier holds")
+    s.add_argument("--nodes", type=_count(1), help="nodes the store is shared over")
+    s.add_argument("--node-rank", type=_count(0), help="this node's rank, with --nodes")
+    s.add_argument("--seed", type=int, default=0, help="NodeSampler's seed (0)")
     _cache_options(s)
+    _remote_options(s)
     s = csub.add_parser("clear", help="empty the tiers")
     _cache_dirs(s)
     s = csub.add_parser("mark", help="start counting from now (stats then shows both)")

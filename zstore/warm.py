@@ -65,3 +65,32 @@ def node_share(manifest: Any, names: Sequence[str], nodes: int, node_rank: int |
     lengths = common_lengths(manifest.lengths, rates, coarse)
     home = assign_nodes(lengths, nodes, seed)
     return [item for item, node in zip(manifest.items, home) if node == node_rank]
+
+
+def share_residency(url: str, *, cache: CacheConfig | None = None, nodes: int = 1,
+                    node_rank: int = 0, seed: int = 0, fields: Sequence[str] | None = None,
+                    storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How much of a node's share of a store (as NodeSampler assigns it) the RAM tier
+    holds now: shards of the share, and how many of them are resident (either form)."""
+    from zstore.cache.tiers import TieredCache
+    from zstore.layout import parse_array_meta
+
+    manifest, metas = read_manifest(url, storage_options)
+    names = list(fields) if fields else manifest.time_arrays
+    items = node_share(manifest, names, nodes, node_rank, seed)
+    tiers = TieredCache((cache or CacheConfig()).resolved(), manifest.store_id)
+    db = tiers.ram._open() if tiers.ram is not None else None
+    total = resident = 0
+    for item in items:
+        for name in names:
+            meta = metas.get(f"{item}/{name}")
+            if meta is None:
+                continue
+            layout = parse_array_meta(f"{item}/{name}", meta, manifest.arrays[name].time_axis)
+            for s in range(-(-layout.length // layout.shard)):
+                total += 1
+                if db is not None and any(tiers.key(f"{layout.object_key(s)}{form}") in db
+                                          for form in ("#D", "#E")):
+                    resident += 1
+    return {"node": node_rank, "nodes": nodes, "items": len(items), "shards": total,
+            "resident_in_ram": resident, "fraction": resident / total if total else 0.0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,38 @@ def _check_window(window_seconds: Any) -> float | None:
         raise ConfigError(f"window_seconds must be a positive number of seconds (or None for "
                           f"whole items), got {window_seconds!r}")
     return float(window_seconds)
+
+
+def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
+    """The item names an ``items=`` argument stands for, checked against the store."""
+    known = reader.manifest.items
+    if callable(items):
+        metas = reader._metas
+        return [n for n in known
+                if items(n, dict((metas.get(n) or {}).get("attributes", {})))]
+    if isinstance(items, (str, os.PathLike)):
+        try:
+            with open(items) as f:
+                names = [line.strip() for line in f]
+        except OSError as e:
+            raise ConfigError(f"items={os.fspath(items)!r}: cannot read the item list "
+                              f"({e.strerror}); pass a file with one item name per line, "
+                              "or a list of names") from None
+        names = [n for n in names if n and not n.startswith("#")]
+    else:
+        names = [str(n) for n in items]
+    present = set(known)
+    unknown = [n for n in names if n not in present]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise ConfigError(f"{url}: {len(unknown)} item(s) of the item list are not in the "
+                          f"store: {shown}{more} (items are named like {known[0]!r}; "
+                          "see zstore info)")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{url}: the item list names some items twice; use "
+                          "windows_per_item for more windows per item")
+    return names
 
 
 def common_lengths(lengths: dict[str, list[int]], rates: dict[str, float],
@@ -76,6 +109,9 @@ class WindowDataset(torch.utils.data.Dataset):
         transform: applied to each item's dict.
         windows_per_item: windows drawn from each item per epoch, each from
             ``(seed, epoch, item, j)``; ``len(ds)`` grows by that factor.
+        items: the items to serve, in this order: a list of item names, a text file
+            with one name per line (``#`` comments), or a callable ``(name, attrs) ->
+            bool`` given each item's HDF5 attributes.  Default: every item.
 
     ``ds[i]`` is a dict: one tensor per field (all cut at the same time span,
     the start on the coarsest field's grid), ``"item"`` (name), ``"start"``
@@ -88,7 +124,9 @@ class WindowDataset(torch.utils.data.Dataset):
                  cache: CacheConfig | bool | None = None,
                  storage_options: dict[str, Any] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None,
-                 origin_fs: Any = None, windows_per_item: int = 1):
+                 origin_fs: Any = None, windows_per_item: int = 1,
+                 items: Sequence[str] | str | os.PathLike[str] | Callable[[str, dict[str, Any]],
+                                                                          bool] | None = None):
         self.url = str(url)
         self.fields = list(fields) if fields is not None else None
         self.window_seconds = _check_window(window_seconds)
@@ -100,10 +138,13 @@ class WindowDataset(torch.utils.data.Dataset):
         if self.windows_per_item < 1:
             raise ConfigError(f"windows_per_item must be at least 1, got {windows_per_item}")
         self._plain_seen: tuple[int, bytearray] | None = None  # see _note_plain
+        self._selected: list[str] | None = None
         self._warned_epoch = False
         self.reader = WindowReader(self.url, cache=as_cache_config(cache),
                                    storage_options=storage_options, origin_fs=origin_fs,
                                    fields=self.fields)
+        if items is not None:
+            self._selected = select_items(self.reader.open(), items, self.url)
         self._setup()
         if self.short_items and short != "error":
             what = "padded with zeros" if short == "pad" else "left out"
@@ -140,6 +181,12 @@ class WindowDataset(torch.utils.data.Dataset):
         self._field_lengths = {n: manifest.lengths[n] for n in timed}
         self._check_window_size()
         self._index, short = usable_items(self._lengths, self._window, self.short, self._items)
+        if self._selected is not None:  # an item list: its items, in its order
+            usable = set(self._index)
+            position = {name: i for i, name in enumerate(self._items)}
+            self._index = [position[n] for n in self._selected if position[n] in usable]
+            chosen = set(self._index) | {position[n] for n in self._selected}
+            short = [i for i in short if i in chosen]
         self.short_items = [self._items[i] for i in short]
 
     def _check_window_size(self) -> None:

@@ -54,3 +54,37 @@ def test_item_lists_survive_pickling_into_workers(small_store, cache):
                               items=["utt000003", "utt000000"])
     again = pickle.loads(pickle.dumps(ds))
     assert names(again) == ["utt000003", "utt000000"]
+
+
+def test_time_first_arrays(tmp_path):
+    import numpy as np
+
+    from conftest import write_h5
+    from test_cli import zstore_cli
+
+    rng = np.random.default_rng(0)
+    items = {f"r{i}": {"wav": rng.standard_normal((n * 160, 2)).astype(np.float32),
+                       "act": (rng.random((3, n)) > 0.5).astype(np.float32)}
+             for i, n in enumerate([500, 700])}
+    src = write_h5(tmp_path / "t.h5", items)
+    dst = tmp_path / "t.zarr"
+    proc = zstore_cli("convert", src, str(dst), "--rate", "wav=16000", "--time-axis", "wav=0",
+                      "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    ds = zstore.WindowDataset(dst, window_seconds=2.0, cache=False)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            out = ds[i]
+            start = round(out["start"] * 100)
+            assert out["wav"].shape == (32000, 2) and out["act"].shape == (3, 200)
+            src_item = items[out["item"]]
+            assert np.array_equal(out["wav"].numpy(),
+                                  src_item["wav"][start * 160:(start + 200) * 160])
+            assert np.array_equal(out["act"].numpy(), src_item["act"][:, start:start + 200])
+    bad = zstore_cli("convert", src, str(tmp_path / "b.zarr"), "--rate", "wav=16000",
+                     "--time-axis", "nope=0")
+    assert bad.returncode == 2 and "no array named 'nope'" in bad.stderr
+    bad = zstore_cli("convert", src, str(tmp_path / "c.zarr"), "--rate", "wav=16000",
+                     "--time-axis", "wav=2")
+    assert bad.returncode == 2 and "'wav' has 2 dimension(s)" in bad.stderr

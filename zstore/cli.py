@@ -46,6 +46,19 @@ def _count(minimum: int) -> Any:
     return parse
 
 
+def _time_axis(values: list[str] | None) -> int | dict[str, int]:
+    """``--time-axis -1`` (every array) or ``--time-axis wav=0`` (repeat per array)."""
+    if not values:
+        return -1
+    if len(values) == 1 and "=" not in values[0]:
+        try:
+            return int(values[0])
+        except ValueError:
+            raise ZstoreError(f"--time-axis {values[0]!r}: write a whole number, or "
+                              "NAME=AXIS (e.g. --time-axis wav=0)") from None
+    return _pairs(values, "--time-axis", int)
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     opts = _pairs(args.storage_option, "--storage-option", _option_value)
     if args.endpoint_url:
@@ -66,7 +79,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from zstore.convert import convert
 
     report = convert(args.src, args.dst, rates=_pairs(args.rate, "--rate", float),
-                     time_axis=args.time_axis, chunk_seconds=args.chunk_seconds,
+                     time_axis=_time_axis(args.time_axis),
+                     chunk_seconds=args.chunk_seconds,
                      codec=args.codec, workers=args.workers,
                      storage_options=_storage_options(args), verify=args.verify,
                      progress=not args.no_progress, overwrite=args.overwrite)
@@ -188,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="destination path or fsspec URL (s3://bucket/x.zarr)")
     p.add_argument("--rate", action="append", metavar="NAME=HZ",
                    help="samples per second of an array, e.g. --rate wav=16000 (repeat)")
-    p.add_argument("--time-axis", type=int, default=-1, help="time axis (default: last)")
+    p.add_argument("--time-axis", action="append", metavar="AXIS|NAME=AXIS",
+                   help="time axis of every array (default -1: last), or of one array, "
+                        "e.g. --time-axis wav=0 for audio stored (samples, mics); repeat")
     p.add_argument("--chunk-seconds", type=float, default=1.0, help="chunk duration (1.0)")
     p.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "none"],
                    help="compression (default lz4: Blosc lz4 + bitshuffle; crc32c always)")

@@ -308,7 +308,7 @@ class _Progress:
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
-            rates: dict[str, float] | None = None, time_axis: int = -1,
+            rates: dict[str, float] | None = None, time_axis: int | dict[str, int] = -1,
             chunk_seconds: float = 1.0, codec: str = "lz4", workers: int | None = None,
             storage_options: dict[str, Any] | None = None, verify: bool = False,
             progress: bool = True, overwrite: bool = False) -> ConvertReport:
@@ -320,7 +320,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         rates: samples per second per array name, e.g. ``{"wav": 16000, "act": 100}``.
             Arrays with a consistent integer length ratio to a rated array get the
             implied rate; the rest are stored whole.
-        time_axis: the time axis of the time arrays (default: last).
+        time_axis: the time axis of the time arrays (default: last), or
+            ``{"wav": 0}`` for arrays stored time-first (the others: last).
         chunk_seconds: chunk duration along time.
         codec: ``"lz4"`` (default), ``"zstd"`` or ``"none"``; crc32c is always added.
         workers: processes writing items in parallel (default: the CPU count).

@@ -110,10 +110,6 @@ def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
     return names
 
 
-def _axis(ndim: int, time_axis: int) -> int | None:
-    return time_axis % ndim if ndim else None
-
-
 def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
     """('div', k) when x == r // k in every item, ('mul', k) when x == r * k.
 
@@ -134,8 +130,35 @@ def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
     return None
 
 
+def time_axes(time_axis: int | dict[str, int], names: list[str], ndims: dict[str, int],
+              rates: dict[str, float], path: str) -> dict[str, int | None]:
+    """Each array's time axis (non-negative; None where out of range for an array
+    without a rate): ``time_axis`` is one axis for all, or {name: axis} (others -1)."""
+    per = dict(time_axis) if isinstance(time_axis, dict) else {}
+    default = -1 if isinstance(time_axis, dict) else time_axis
+    for name, axis in [("", default), *per.items()]:
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            what = f"{name}={axis!r}" if name else repr(axis)
+            raise SourceError(f"--time-axis {what}: must be a whole number (-1: last), or "
+                              "NAME=AXIS for one array")
+    unknown = [n for n in per if n not in names]
+    if unknown:
+        raise SourceError(f"--time-axis {unknown[0]}=...: {path} has no array named "
+                          f"'{unknown[0]}' (arrays: {', '.join(names)})")
+    out: dict[str, int | None] = {}
+    for n in names:
+        axis = per.get(n, default)
+        ok = ndims[n] and -ndims[n] <= axis < ndims[n]
+        if not ok and ndims[n] and (n in rates or n in per):
+            shown = f"{n}={axis}" if n in per else str(axis)
+            raise SourceError(f"--time-axis {shown}: '{n}' has {ndims[n]} dimension(s), so "
+                              f"its time axis must be from {-ndims[n]} to {ndims[n] - 1}")
+        out[n] = axis % ndims[n] if ok else None
+    return out
+
+
 def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
-         time_axis: int = -1) -> SourcePlan:
+         time_axis: int | dict[str, int] = -1) -> SourcePlan:
     """Scan ``src`` and decide the rate of every array; raise on contradictions."""
     path = os.fspath(src)
     items, skipped = scan(path)
@@ -150,24 +173,19 @@ def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
                 not math.isfinite(rate) or rate <= 0:
             raise SourceError(f"--rate {name}={rate}: a rate must be a positive, finite "
                               "number of samples per second (e.g. 16000)")
-    if isinstance(time_axis, bool) or not isinstance(time_axis, int):
-        raise SourceError(f"--time-axis {time_axis!r}: must be a whole number (-1: last)")
     ndims = {n: len(items[0].shapes[n]) for n in names}
-    for n in rates:
-        if ndims[n] and not -ndims[n] <= time_axis < ndims[n]:
-            raise SourceError(f"--time-axis {time_axis}: '{n}' has {ndims[n]} dimension(s), "
-                              f"so the time axis must be from {-ndims[n]} to {ndims[n] - 1}")
+    axes = time_axes(time_axis, names, ndims, rates, path)
     arrays: dict[str, ArrayInfo] = {}
     for n in names:
         if n in rates:
             if ndims[n] == 0:
                 raise SourceError(f"--rate {n}=...: '{n}' is a scalar, it has no time axis")
-            arrays[n] = ArrayInfo(float(rates[n]), _axis(ndims[n], time_axis))
+            arrays[n] = ArrayInfo(float(rates[n]), axes[n])
     _check_rates(items, arrays, path)
     for n in names:
-        if n in arrays or ndims[n] == 0 or not arrays or not -ndims[n] <= time_axis < ndims[n]:
+        if n in arrays or ndims[n] == 0 or not arrays or axes.get(n) is None:
             continue
-        axis = _axis(ndims[n], time_axis)
+        axis = axes[n]
         xs = [it.shapes[n][axis] for it in items]
         for ref, info in arrays.items():
             if info.inferred:
@@ -183,7 +201,8 @@ def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
     if not any(a.rate for a in arrays.values()):
         first = items[0]
         shapes = ", ".join(f"{n} {first.shapes[n]}" for n in names)
-        longest = max(names, key=lambda n: first.shapes[n][time_axis] if first.shapes[n] else 0)
+        longest = max(names, key=lambda n: first.shapes[n][axes[n]]
+                      if first.shapes[n] and axes.get(n) is not None else 0)
         raise SourceError(
             f"{path}: no --rate given, so no array has a time axis and no window could be "
             f"read; name the time arrays' rates in samples per second, e.g. "

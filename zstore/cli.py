@@ -78,7 +78,10 @@ def _cache_config(args: argparse.Namespace) -> CacheConfig:
 def cmd_convert(args: argparse.Namespace) -> int:
     from zstore.convert import convert
 
-    report = convert(args.src, args.dst, rates=_pairs(args.rate, "--rate", float),
+    if len(args.paths) < 2:
+        raise ZstoreError("zstore convert needs a source and a destination: "
+                          "zstore convert SRC... DST")
+    report = convert(args.paths[:-1], args.paths[-1], rates=_pairs(args.rate, "--rate", float),
                      time_axis=_time_axis(args.time_axis),
                      chunk_seconds=args.chunk_seconds,
                      codec=args.codec, workers=args.workers,
@@ -198,8 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="rechunk HDF5 groups into a zstore (Zarr v3) store")
-    p.add_argument("src", help="HDF5 file")
-    p.add_argument("dst", help="destination path or fsspec URL (s3://bucket/x.zarr)")
+    p.add_argument("paths", nargs="+", metavar="SRC... DST",
+                   help="HDF5 files, directories (every *.h5/*.hdf5 below), glob patterns or "
+                        "fsspec URLs; then the destination path or URL (s3://bucket/x.zarr)")
     p.add_argument("--rate", action="append", metavar="NAME=HZ",
                    help="samples per second of an array, e.g. --rate wav=16000 (repeat)")
     p.add_argument("--time-axis", action="append", metavar="AXIS|NAME=AXIS",

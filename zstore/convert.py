@@ -24,6 +24,8 @@ from zstore.errors import DestinationError, SourceError, StoreFormatError
 from zstore.layout import (DONE_ATTR, MANIFEST_ATTR, PROGRESS_ATTR, ArrayInfo, Manifest,
                            chunk_length, shard_length)
 from zstore.origin import store_bytes, zarr_store
+from zstore.corpus import expand_sources
+from zstore.corpus import fingerprint as corpus_fingerprint
 from zstore.source import SourceItem, SourcePlan, open_source, plan
 
 CODECS = ("lz4", "zstd", "none")
@@ -112,13 +114,17 @@ class ConvertReport:
     skipped: list[str] = field(default_factory=list)
     verified: bool = False
     store_id: str = ""
+    sources: list[str] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
         return self.store_bytes / self.source_bytes if self.source_bytes else 0.0
 
     def __str__(self) -> str:
-        lines = [f"items: {self.items} ({self.converted} converted, {self.already_done} "
+        lines = [f"sources: {len(self.sources)} file(s)"
+                 + (f" ({', '.join(self.sources[:3])}{', ...' if len(self.sources) > 3 else ''})"
+                    if self.sources else ""),
+                 f"items: {self.items} ({self.converted} converted, {self.already_done} "
                  f"already done)",
                  f"source: {format_size(self.source_bytes)}, store: "
                  f"{format_size(self.store_bytes)} ({self.ratio:.2f}x), {self.seconds:.1f} s"]
@@ -174,8 +180,8 @@ class _Job:
 def _write_item(job: _Job, item: SourceItem) -> int:
     """Write one item; mark it complete only after all its arrays are written."""
     root = zarr.open_group(zarr_store(job.dst, job.storage_options, read_only=False), mode="r+")
-    with open_source(job.src) as f:
-        src_group = f[item.name]
+    with open_source(item.source) as f:
+        src_group = f[item.group]
         group = root.require_group(item.name)
         group.attrs.put(_attrs(src_group))
         for name in item.shapes:
@@ -183,7 +189,7 @@ def _write_item(job: _Job, item: SourceItem) -> int:
             try:
                 data = ds[()]
             except (OSError, RuntimeError) as e:
-                raise SourceError(f"{job.src}: reading '{item.name}/{name}' failed ({e}); the "
+                raise SourceError(f"{item.source}: reading '{item.group}/{name}' failed ({e}); the "
                                   "file may be truncated or corrupt: re-copy it") from None
             chunks, shards = _array_geometry(tuple(ds.shape), job.arrays[name],
                                              job.chunk_seconds, ds.dtype.itemsize)
@@ -200,9 +206,9 @@ def _write_item(job: _Job, item: SourceItem) -> int:
 def _verify_item(job: _Job, item: SourceItem) -> list[str]:
     root = zarr.open_group(zarr_store(job.dst, job.storage_options, read_only=True), mode="r")
     problems = []
-    with open_source(job.src) as f:
+    with open_source(item.source) as f:
         for name in item.shapes:
-            expected = f[item.name][name][()]
+            expected = f[item.group][name][()]
             try:
                 got = root[f"{item.name}/{name}"][...]
             except Exception as e:  # a checksum or codec failure is a finding, not a crash
@@ -211,12 +217,6 @@ def _verify_item(job: _Job, item: SourceItem) -> list[str]:
             if got.shape != expected.shape or got.tobytes() != expected.tobytes():
                 problems.append(f"{item.name}/{name}: values differ from the source")
     return problems
-
-
-def _fingerprint(src: str, options: dict[str, Any]) -> dict[str, Any]:
-    st = os.stat(src)
-    return {"source": os.path.abspath(src), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "options": options}
 
 
 def _prepare_destination(dst: str, storage_options: dict[str, Any] | None,
@@ -307,7 +307,8 @@ class _Progress:
         self.bar.close()
 
 
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
+            dst: str | os.PathLike[str], *,
             rates: dict[str, float] | None = None, time_axis: int | dict[str, int] = -1,
             chunk_seconds: float = 1.0, codec: str = "lz4", workers: int | None = None,
             storage_options: dict[str, Any] | None = None, verify: bool = False,
@@ -315,7 +316,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
 
     Args:
-        src: HDF5 file; every group that holds datasets becomes an item.
+        src: an HDF5 file, a directory (every ``*.h5``/``*.hdf5`` below it), a glob
+            pattern, an fsspec URL, or a list of them; every group that holds datasets
+            becomes an item (named ``<file stem>/<group>`` with several files).
         dst: local path or fsspec URL (``s3://bucket/x.zarr``).
         rates: samples per second per array name, e.g. ``{"wav": 16000, "act": 100}``.
             Arrays with a consistent integer length ratio to a rated array get the
@@ -334,16 +337,17 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     Rerunning on a finished store of the same source and options does nothing.
     """
     t0 = time.perf_counter()
-    src, dst = os.fspath(src), os.fspath(dst)
+    files, dst = expand_sources(src), os.fspath(dst)
+    src = files[0] if len(files) == 1 else f"{len(files)} sources"
     compressors(codec)
     check_options(chunk_seconds, workers)
-    source = plan(src, rates, time_axis)
+    source = plan(files, rates, time_axis)
     check_chunks(source, chunk_seconds)
     check_destination(dst, storage_options)
     options = {"rates": {k: float(v) for k, v in (rates or {}).items()},
                "time_axis": time_axis, "chunk_seconds": chunk_seconds, "codec": codec,
                "layout": LAYOUT}
-    fingerprint = _fingerprint(src, options)
+    fingerprint = corpus_fingerprint(files, options)
     try:
         root = _prepare_destination(dst, storage_options, fingerprint, overwrite)
     except OSError as e:
@@ -360,7 +364,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         if verify:
             _verify(job, source, workers, progress)
         report = _report(source, dst, storage_options, t0, 0, total_src)
-        report.verified = verify
+        report.verified, report.sources = verify, files
         return report
     done = _finished_items(root)
     todo = [it for it in source.items if it.name not in done]
@@ -380,6 +384,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         zarr.consolidate_metadata(zarr_store(dst, storage_options, read_only=False))
     report = _report(source, dst, storage_options, t0, len(todo), total_src)
     report.verified, report.store_id = verify, manifest.store_id
+    report.sources = files
     return report
 
 
@@ -411,7 +416,8 @@ def _manifest(source: SourcePlan, codec: str, chunk_seconds: float,
     return Manifest(store_id=uuid.uuid4().hex, arrays=source.arrays,
                     items=[it.name for it in source.items], lengths=lengths, codec=codec,
                     chunk_seconds=chunk_seconds, all_chunks_written=True,
-                    extra={"fingerprint": fingerprint, "store_bytes": nbytes})
+                    extra={"fingerprint": fingerprint, "store_bytes": nbytes,
+                           "sources": [s["source"] for s in fingerprint["sources"]]})
 
 
 def _report(source: SourcePlan, dst: str, storage_options: dict[str, Any] | None,

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from zstore.errors import SourceError
+from zstore.origin import is_url
 from zstore.layout import ArrayInfo
 
 NUMERIC_KINDS = "biufc"
@@ -28,6 +29,8 @@ class SourceItem:
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, np.dtype]
     nbytes: int
+    source: str = ""  # the HDF5 file
+    group: str = ""  # the group's path in it (the item name, less any file prefix)
 
 
 @dataclass
@@ -47,6 +50,16 @@ class SourcePlan:
 def open_source(src: str | os.PathLike[str]) -> h5py.File:
     """Open the HDF5 file read-only, turning every failure into one clear error."""
     path = os.fspath(src)
+    if is_url(path):  # any fsspec URL: h5py reads the file object
+        import fsspec
+
+        try:
+            return h5py.File(fsspec.open(path, "rb").open(), "r")
+        except FileNotFoundError:
+            raise SourceError(f"{path}: no such HDF5 file; check the URL") from None
+        except OSError as e:
+            raise SourceError(f"{path}: cannot be read as HDF5 ({str(e).splitlines()[0]})") \
+                from None
     if not os.path.exists(path):
         raise SourceError(f"{path}: no such HDF5 file; check the path")
     if os.path.getsize(path) == 0:
@@ -79,7 +92,7 @@ def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
                 dtypes[key] = ds.dtype
                 nbytes += ds.size * ds.dtype.itemsize
             if shapes:
-                items.append(SourceItem(name, shapes, dtypes, nbytes))
+                items.append(SourceItem(name, shapes, dtypes, nbytes, path, name))
         try:
             f.visititems(visit)
             root = [k for k, v in f.items() if isinstance(v, h5py.Dataset)]
@@ -157,11 +170,32 @@ def time_axes(time_axis: int | dict[str, int], names: list[str], ndims: dict[str
     return out
 
 
-def plan(src: str | os.PathLike[str], rates: dict[str, float] | None,
+def scan_all(files: list[str]) -> tuple[list[SourceItem], list[str]]:
+    """The items of every file; with several, named ``<file stem>/<group path>``."""
+    from zstore.corpus import stems
+
+    if len(files) == 1:
+        return scan(files[0])
+    prefix = stems(files)
+    items: list[SourceItem] = []
+    skipped: list[str] = []
+    for f in files:
+        found, left = scan(f)
+        for it in found:
+            it.name = f"{prefix[f]}/{it.group}"
+        items += found
+        skipped += [f"{prefix[f]}:{s}" for s in left]
+    items.sort(key=lambda it: it.name)
+    return items, skipped
+
+
+def plan(src: str | os.PathLike[str] | list[str], rates: dict[str, float] | None,
          time_axis: int | dict[str, int] = -1) -> SourcePlan:
-    """Scan ``src`` and decide the rate of every array; raise on contradictions."""
-    path = os.fspath(src)
-    items, skipped = scan(path)
+    """Scan the source file(s) and decide the rate of every array; raise on
+    contradictions."""
+    files = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else list(src)
+    path = files[0] if len(files) == 1 else f"{len(files)} sources ({files[0]}, ...)"
+    items, skipped = scan_all(files)
     names = _check_same_arrays(items, path)
     rates = dict(rates or {})
     for name in rates:

@@ -1,0 +1,90 @@
+"""Many HDF5 sources as one store: files, directories, globs; names and collisions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+import zstore
+from zstore.layout import MANIFEST_ATTR
+
+from conftest import write_h5
+from test_cli import zstore_cli
+
+
+def files(tmp_path):
+    rng = np.random.default_rng(1)
+
+    def make(n):
+        return {"wav": rng.standard_normal((1, n * 160)).astype(np.float32),
+                "act": (rng.random((2, n)) > 0.5).astype(np.float32)}
+
+    (tmp_path / "corpus" / "day2").mkdir(parents=True)
+    a = {"rec0": make(300), "rec1": make(400)}
+    b = {"rec0": make(350)}  # the same group name as in a.h5
+    c = {"spk/rec9": make(500)}
+    write_h5(tmp_path / "corpus" / "a.h5", a)
+    write_h5(tmp_path / "corpus" / "b.hdf5", b)
+    write_h5(tmp_path / "corpus" / "day2" / "c.h5", c)
+    return {"a": a, "b": b, "c": c}
+
+
+def test_a_directory_of_files_with_overlapping_group_names(tmp_path):
+    data = files(tmp_path)
+    dst = tmp_path / "s.zarr"
+    report = zstore.convert(tmp_path / "corpus", dst, rates={"wav": 16000}, workers=2,
+                            progress=False, verify=True)
+    assert report.items == 4 and len(report.sources) == 3 and "sources: 3 file(s)" in str(report)
+    root = zarr.open_group(dst, mode="r")
+    manifest = root.attrs[MANIFEST_ATTR]
+    assert manifest["items"] == ["a/rec0", "a/rec1", "b/rec0", "c/spk/rec9"]
+    assert len(manifest["sources"]) == 3
+    for stem, groups in data.items():
+        for group, arrays in groups.items():
+            assert np.array_equal(root[f"{stem}/{group}/wav"][...], arrays["wav"])
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=False)
+    assert sorted(ds[i]["item"] for i in range(len(ds))) == manifest["items"]
+
+
+def test_globs_and_lists_on_the_command_line(tmp_path):
+    files(tmp_path)
+    dst = tmp_path / "g.zarr"
+    proc = zstore_cli("convert", str(tmp_path / "corpus" / "*.h5"),
+                      str(tmp_path / "corpus" / "day2" / "c.h5"), str(dst), "--rate",
+                      "wav=16000", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    items = zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]["items"]
+    assert items == ["a/rec0", "a/rec1", "c/spk/rec9"]
+    again = zstore_cli("convert", str(tmp_path / "corpus" / "*.h5"),
+                       str(tmp_path / "corpus" / "day2" / "c.h5"), str(dst), "--rate",
+                       "wav=16000", "--no-progress")
+    assert again.returncode == 0 and "(0 converted, 3 already done)" in again.stdout
+
+
+def test_one_file_keeps_plain_group_names(tmp_path):
+    files(tmp_path)
+    dst = tmp_path / "one.zarr"
+    zstore.convert([tmp_path / "corpus" / "a.h5"], dst, rates={"wav": 16000}, workers=1,
+                   progress=False)
+    assert zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]["items"] == ["rec0", "rec1"]
+
+
+def test_bad_source_lists(tmp_path):
+    files(tmp_path)
+    (tmp_path / "other").mkdir()
+    write_h5(tmp_path / "other" / "a.h5", {"x": {"wav": np.zeros((1, 32000), np.float32)}})
+    proc = zstore_cli("convert", str(tmp_path / "corpus" / "a.h5"),
+                      str(tmp_path / "other" / "a.h5"), str(tmp_path / "d.zarr"), "--rate",
+                      "wav=16000")
+    assert proc.returncode == 2 and "the stem 'a'" in proc.stderr
+    assert not (tmp_path / "d.zarr").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = zstore_cli("convert", str(empty), str(tmp_path / "e.zarr"), "--rate", "wav=16000")
+    assert proc.returncode == 2 and "no *.h5" in proc.stderr
+    proc = zstore_cli("convert", str(tmp_path / "nothing*.h5"), str(tmp_path / "f.zarr"),
+                      "--rate", "wav=16000")
+    assert proc.returncode == 2 and "matches no file" in proc.stderr
+    proc = zstore_cli("convert", str(tmp_path / "f.zarr"))
+    assert proc.returncode == 2 and "SRC... DST" in proc.stderr

@@ -88,3 +88,44 @@ def test_bad_source_lists(tmp_path):
     assert proc.returncode == 2 and "matches no file" in proc.stderr
     proc = zstore_cli("convert", str(tmp_path / "f.zarr"))
     assert proc.returncode == 2 and "SRC... DST" in proc.stderr
+
+
+def test_uneven_groups(tmp_path):
+    rng = np.random.default_rng(3)
+
+    def item(n, **extra):
+        return {"wav": rng.standard_normal((1, n * 160)).astype(np.float32),
+                "act": np.ones((2, n), np.float32), **extra}
+
+    src = write_h5(tmp_path / "u.h5", {
+        "rec0": item(300, meta=np.arange(4), aux=np.ones((1, 300 * 2), np.float32)),
+        "rec1": item(400, aux=np.ones((1, 400 * 2), np.float32)),
+        "rec2": item(500)})
+    dst = tmp_path / "u.zarr"
+    report = zstore.convert(src, dst, rates={"wav": 16000}, workers=1, progress=False,
+                            verify=True)
+    assert report.arrays["aux"].rate == 200 and report.arrays["aux"].inferred
+    root = zarr.open_group(dst, mode="r")
+    assert "meta" in root["rec0"] and "meta" not in root["rec1"]
+    text = zstore_cli("info", str(dst)).stdout
+    assert "meta:" in text and "in 1 of 3 items" in text and "in 2 of 3 items" in text
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=False)  # wav, act: every item
+    assert len(ds) == 3 and set(ds[0]) >= {"wav", "act"} and "aux" not in ds[0]
+    with pytest.raises(zstore.ConfigError, match=r"1 of 3 item\(s\) lack.*'rec2'.*missing='skip'"):
+        zstore.WindowDataset(dst, window_seconds=1.0, cache=False, fields=["wav", "aux"])
+    with pytest.warns(UserWarning, match="left out"):
+        some = zstore.WindowDataset(dst, window_seconds=1.0, cache=False,
+                                    fields=["wav", "aux"], missing="skip")
+    assert sorted(some[i]["item"] for i in range(len(some))) == ["rec0", "rec1"]
+    assert some[0]["aux"].shape == (1, 200)
+    warmed = zstore_cli("cache", "warm", str(dst), "--no-progress", "--fields", "wav", "aux",
+                        "--ram-dir", str(tmp_path / "ram"), "--ram-bytes", "64MB",
+                        "--ssd-dir", "none")
+    assert warmed.returncode == 0, warmed.stderr
+
+
+def test_uneven_dtypes_are_an_error_naming_both_items(tmp_path):
+    src = write_h5(tmp_path / "d.h5", {"a": {"wav": np.zeros((1, 16000), np.float32)},
+                                       "b": {"wav": np.zeros((1, 16000), np.int16)}})
+    proc = zstore_cli("convert", src, str(tmp_path / "d.zarr"), "--rate", "wav=16000")
+    assert proc.returncode == 2 and "'b/wav'" in proc.stderr and "'a/wav'" in proc.stderr

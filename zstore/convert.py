@@ -416,6 +416,7 @@ def _manifest(source: SourcePlan, codec: str, chunk_seconds: float,
     return Manifest(store_id=uuid.uuid4().hex, arrays=source.arrays,
                     items=[it.name for it in source.items], lengths=lengths, codec=codec,
                     chunk_seconds=chunk_seconds, all_chunks_written=True,
+                    present=source.present(),
                     extra={"fingerprint": fingerprint, "store_bytes": nbytes,
                            "sources": [s["source"] for s in fingerprint["sources"]]})
 

@@ -96,7 +96,7 @@ class WindowDataset(torch.utils.data.Dataset):
 
     Args:
         url: the store (path or fsspec URL) written by ``zstore convert``.
-        fields: arrays to read (default: every time array).  Non-time arrays are
+        fields: arrays to read (default: every time array that every item has).  Non-time arrays are
             returned whole.
         window_seconds: window duration; ``None`` returns whole items.
         seed: the draw's seed.
@@ -109,6 +109,8 @@ class WindowDataset(torch.utils.data.Dataset):
         transform: applied to each item's dict.
         windows_per_item: windows drawn from each item per epoch, each from
             ``(seed, epoch, item, j)``; ``len(ds)`` grows by that factor.
+        missing: items that lack a field asked for: ``"error"`` (the default: one
+            error naming them) or ``"skip"`` (leave them out, with a warning).
         items: the items to serve, in this order: a list of item names, a text file
             with one name per line (``#`` comments), or a callable ``(name, attrs) ->
             bool`` given each item's HDF5 attributes.  Default: every item.
@@ -124,7 +126,7 @@ class WindowDataset(torch.utils.data.Dataset):
                  cache: CacheConfig | bool | None = None,
                  storage_options: dict[str, Any] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None,
-                 origin_fs: Any = None, windows_per_item: int = 1,
+                 origin_fs: Any = None, windows_per_item: int = 1, missing: str = "error",
                  items: Sequence[str] | str | os.PathLike[str] | Callable[[str, dict[str, Any]],
                                                                           bool] | None = None):
         self.url = str(url)
@@ -139,6 +141,10 @@ class WindowDataset(torch.utils.data.Dataset):
             raise ConfigError(f"windows_per_item must be at least 1, got {windows_per_item}")
         self._plain_seen: tuple[int, bytearray] | None = None  # see _note_plain
         self._selected: list[str] | None = None
+        if missing not in ("error", "skip"):
+            raise ConfigError(f"missing must be 'error' or 'skip', got {missing!r}")
+        self.missing = missing
+        self._lacking_said = False
         self._warned_epoch = False
         self.reader = WindowReader(self.url, cache=as_cache_config(cache),
                                    storage_options=storage_options, origin_fs=origin_fs,
@@ -153,7 +159,8 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def _setup(self) -> None:
         manifest = self.reader.open().manifest
-        names = self.fields if self.fields is not None else manifest.time_arrays
+        names = self.fields if self.fields is not None else \
+            [n for n in manifest.time_arrays if manifest.items_with(n) is None]
         unknown = [n for n in names if n not in manifest.arrays]
         if not names and not manifest.time_arrays:
             raise ConfigError(
@@ -179,8 +186,11 @@ class WindowDataset(torch.utils.data.Dataset):
             if self._coarse else [0] * len(manifest.items)
         self._items = manifest.items
         self._field_lengths = {n: manifest.lengths[n] for n in timed}
-        self._check_window_size()
         self._index, short = usable_items(self._lengths, self._window, self.short, self._items)
+        lacking = self._lacking(manifest, names)
+        if lacking:
+            self._index = [i for i in self._index if i not in lacking]
+            short = [i for i in short if i not in lacking]
         if self._selected is not None:  # an item list: its items, in its order
             usable = set(self._index)
             position = {name: i for i, name in enumerate(self._items)}
@@ -188,14 +198,37 @@ class WindowDataset(torch.utils.data.Dataset):
             chosen = set(self._index) | {position[n] for n in self._selected}
             short = [i for i in short if i in chosen]
         self.short_items = [self._items[i] for i in short]
+        self._check_window_size()
+
+    def _lacking(self, manifest: Any, names: list[str]) -> set[int]:
+        """Items without some of ``names``: an error (``missing="error"``), or left out
+        with a warning (``missing="skip"``) when the dataset is built."""
+        lacking: set[int] = set()
+        for name in names:
+            have = manifest.items_with(name)
+            if have is not None:
+                lacking |= set(range(len(manifest.items))) - set(have)
+        if not lacking or self._lacking_said:
+            return lacking
+        shown = ", ".join(repr(manifest.items[i]) for i in sorted(lacking)[:5])
+        more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
+        what = f"{len(lacking)} of {len(manifest.items)} item(s) lack field(s) of {names}"
+        if self.missing == "error":
+            raise ConfigError(f"{self.url}: {what}: {shown}{more}; pass missing='skip' to "
+                              "leave them out, or choose fields every item has")
+        self._lacking_said = True
+        warnings.warn(f"{self.url}: {what}; left out (missing='skip'): {shown}{more}",
+                      stacklevel=4)
+        return lacking
 
     def _check_window_size(self) -> None:
         """Refuse a window so large that one item would not fit in memory."""
-        if self._window is None or not self._items:
+        if self._window is None or not self._index:
             return
+        first = self._items[self._index[0]]
         coarse_rate = self._rates[self._coarse]  # type: ignore[index]
         for name, rate in self._rates.items():
-            layout = self.reader.layout(self._items[0], name)
+            layout = self.reader.layout(first, name)
             other = int(np.prod([n for a, n in enumerate(layout.shape) if a != layout.time_axis]))
             nbytes = scale(self._window, coarse_rate, rate) * other * layout.dtype.itemsize
             if nbytes > MAX_WINDOW_BYTES:

@@ -12,11 +12,13 @@ from zstore.store import read_manifest
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Items, arrays (rate, shape, chunking), total duration, bytes and codec of a store."""
     manifest, metas = read_manifest(url, storage_options)
-    first = manifest.items[0] if manifest.items else None
     arrays = {}
     for name, a in manifest.arrays.items():
         entry: dict[str, Any] = {"rate": a.rate, "time_axis": a.time_axis,
                                  "inferred": a.inferred}
+        have = manifest.items_with(name)
+        entry["items_with"] = len(manifest.items) if have is None else len(have)
+        first = manifest.items[have[0] if have else 0] if manifest.items else None
         array_meta = metas.get(f"{first}/{name}")
         if array_meta:
             layout = parse_array_meta(name, array_meta, a.time_axis)
@@ -24,7 +26,7 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
                          chunk=list(layout.chunk_shape), shard_length=layout.shard,
                          codecs=[c["name"] for c in layout.codecs])
         if a.rate:
-            lengths = manifest.lengths[name]
+            lengths = [n for n in manifest.lengths[name] if n >= 0]
             entry["seconds_total"] = round(sum(lengths) / a.rate, 3)
             entry["seconds_min_max"] = [round(min(lengths) / a.rate, 3),
                                         round(max(lengths) / a.rate, 3)] if lengths else []
@@ -43,7 +45,9 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         rate = f"{a['rate']:g}/s" + (" (inferred)" if a["inferred"] else "") if a["rate"] \
             else "no time axis"
         shape = a.get("shape_of_first_item")
+        where = "" if a["items_with"] == len(manifest.items) else \
+            f", in {a['items_with']} of {len(manifest.items)} items"
         lines.append(f"  {name}: {rate}, {a.get('dtype', '?')}, first item {shape}, "
-                     f"chunk {a.get('chunk')}, shard {a.get('shard_length')} along time")
+                     f"chunk {a.get('chunk')}, shard {a.get('shard_length')} along time{where}")
     info["text"] = "\n".join(lines)
     return info

@@ -46,7 +46,14 @@ class Manifest:
     #: Every chunk of every array was written, empty ones included: a missing object
     #: is lost data, never "all fill value".  False only for stores of zstore < 0.2.
     all_chunks_written: bool = False
+    #: Arrays that some items lack: name -> positions of the items that have it (an
+    #: array absent here is in every item; its ``lengths`` entry is -1 where absent).
+    present: dict[str, list[int]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def items_with(self, name: str) -> list[int] | None:
+        """Positions of the items that have array ``name`` (None: every item)."""
+        return self.present.get(name)
 
     @property
     def time_arrays(self) -> list[str]:
@@ -63,6 +70,7 @@ class Manifest:
             "codec": self.codec,
             "chunk_seconds": self.chunk_seconds,
             "all_chunks_written": self.all_chunks_written,
+            "present": {n: list(v) for n, v in self.present.items()},
             **self.extra,
         }
 
@@ -85,7 +93,7 @@ class Manifest:
     @classmethod
     def _parse(cls, data: dict[str, Any]) -> Manifest:
         known = {"format", "store_id", "arrays", "items", "lengths", "codec", "chunk_seconds",
-                 "all_chunks_written"}
+                 "all_chunks_written", "present"}
         return cls(
             store_id=str(data["store_id"]),
             arrays={n: ArrayInfo(a["rate"], a["time_axis"], bool(a.get("inferred", False)))
@@ -95,6 +103,7 @@ class Manifest:
             codec=data.get("codec", "?"),
             chunk_seconds=float(data.get("chunk_seconds", 1.0)),
             all_chunks_written=bool(data.get("all_chunks_written", False)),
+            present={n: [int(i) for i in v] for n, v in data.get("present", {}).items()},
             extra={k: v for k, v in data.items() if k not in known},
         )
 

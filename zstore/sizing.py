@@ -32,15 +32,17 @@ def field_sizes(manifest: Manifest, metas: dict[str, Any],
     names = [n for n in (fields or manifest.time_arrays) if n in manifest.lengths]
     decoded = shards = chunks = 0
     everything = 0
-    first = manifest.items[0] if manifest.items else None
     for name in manifest.time_arrays:
+        have = manifest.items_with(name)
+        first = manifest.items[have[0] if have else 0] if manifest.items and have != [] \
+            else None
         meta = metas.get(f"{first}/{name}") if first is not None else None
         if meta is None:
             continue
         layout = parse_array_meta(name, meta, manifest.arrays[name].time_axis)
         per_sample = math.prod(n for a, n in enumerate(layout.shape)
                                if a != layout.time_axis) * layout.dtype.itemsize
-        lengths = manifest.lengths[name]
+        lengths = [n for n in manifest.lengths[name] if n >= 0]
         nbytes = per_sample * sum(lengths)
         everything += nbytes
         if name in names:

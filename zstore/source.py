@@ -42,9 +42,19 @@ class SourcePlan:
     skipped: list[str] = field(default_factory=list)  # "item/array: why"
 
     def length(self, item: SourceItem, name: str) -> int:
+        """``name``'s length along time in ``item``; -1 where the item lacks it."""
         info = self.arrays[name]
         assert info.time_axis is not None
-        return item.shapes[name][info.time_axis]
+        return item.shapes[name][info.time_axis] if name in item.shapes else -1
+
+    def present(self) -> dict[str, list[int]]:
+        """For arrays some items lack: the positions of the items that have them."""
+        out = {}
+        for name in self.arrays:
+            have = [i for i, it in enumerate(self.items) if name in it.shapes]
+            if len(have) < len(self.items):
+                out[name] = have
+        return out
 
 
 def open_source(src: str | os.PathLike[str]) -> h5py.File:
@@ -107,19 +117,18 @@ def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
 
 
 def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
+    """Every array name; an array may be missing from some items (stored where present),
+    but its dtype and number of dimensions must agree wherever it is."""
     names = sorted({n for it in items for n in it.shapes})
+    first = {n: next(it for it in items if n in it.shapes) for n in names}
     for it in items:
-        missing = [n for n in names if n not in it.shapes]
-        if missing:
-            raise SourceError(
-                f"{src}: group '{it.name}' lacks array(s) {missing} that other groups have; "
-                "add them or move that group out of the file")
-        for n in names:
-            if it.dtypes[n] != items[0].dtypes[n] or len(it.shapes[n]) != len(items[0].shapes[n]):
+        for n in it.shapes:
+            ref = first[n]
+            if it.dtypes[n] != ref.dtypes[n] or len(it.shapes[n]) != len(ref.shapes[n]):
                 raise SourceError(
                     f"{src}: array '{it.name}/{n}' has dtype {it.dtypes[n]} and shape "
-                    f"{it.shapes[n]}, other groups have {items[0].dtypes[n]} with "
-                    f"{len(items[0].shapes[n])} dims; make them agree")
+                    f"{it.shapes[n]}, but '{ref.name}/{n}' has dtype {ref.dtypes[n]} and "
+                    f"shape {ref.shapes[n]}; make them agree")
     return names
 
 
@@ -207,7 +216,7 @@ def plan(src: str | os.PathLike[str] | list[str], rates: dict[str, float] | None
                 not math.isfinite(rate) or rate <= 0:
             raise SourceError(f"--rate {name}={rate}: a rate must be a positive, finite "
                               "number of samples per second (e.g. 16000)")
-    ndims = {n: len(items[0].shapes[n]) for n in names}
+    ndims = {n: len(next(it for it in items if n in it.shapes).shapes[n]) for n in names}
     axes = time_axes(time_axis, names, ndims, rates, path)
     arrays: dict[str, ArrayInfo] = {}
     for n in names:
@@ -220,11 +229,14 @@ def plan(src: str | os.PathLike[str] | list[str], rates: dict[str, float] | None
         if n in arrays or ndims[n] == 0 or not arrays or axes.get(n) is None:
             continue
         axis = axes[n]
-        xs = [it.shapes[n][axis] for it in items]
         for ref, info in arrays.items():
             if info.inferred:
                 continue
-            found = _implied_ratio(xs, [it.shapes[ref][info.time_axis] for it in items])
+            both = [it for it in items if n in it.shapes and ref in it.shapes]
+            if not both:
+                continue
+            found = _implied_ratio([it.shapes[n][axis] for it in both],
+                                   [it.shapes[ref][info.time_axis] for it in both])
             if found:
                 kind, k = found
                 rate = info.rate / k if kind == "div" else info.rate * k
@@ -234,6 +246,7 @@ def plan(src: str | os.PathLike[str] | list[str], rates: dict[str, float] | None
         arrays.setdefault(n, ArrayInfo(None, None))
     if not any(a.rate for a in arrays.values()):
         first = items[0]
+        names = [n for n in names if n in first.shapes]
         shapes = ", ".join(f"{n} {first.shapes[n]}" for n in names)
         longest = max(names, key=lambda n: first.shapes[n][axes[n]]
                       if first.shapes[n] and axes.get(n) is not None else 0)
@@ -250,6 +263,8 @@ def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str
     for it in items:
         for i, (a, ia) in enumerate(rated):
             for b, ib in rated[i + 1:]:
+                if a not in it.shapes or b not in it.shapes:
+                    continue
                 da = it.shapes[a][ia.time_axis] / ia.rate
                 db = it.shapes[b][ib.time_axis] / ib.rate
                 slack = 1.0 / min(ia.rate, ib.rate) + 1e-9

@@ -28,6 +28,9 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
     manifest, _ = read_manifest(url, storage_options)
     names = list(fields) if fields else manifest.time_arrays
     items = list(manifest.items)
+    positions = {name: i for i, name in enumerate(items)}
+    have = {n: (None if manifest.items_with(n) is None else set(manifest.items_with(n)))
+            for n in names}
     if nodes is not None:
         items = node_share(manifest, names, nodes, node_rank, seed)
     local = threading.local()
@@ -37,7 +40,9 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
         if reader is None:  # one reader per thread: its maps are not thread-safe
             reader = local.reader = WindowReader(url, cache=config,
                                                  storage_options=storage_options).open()
-        spans = {n: Span(0, reader.layout(item, n).length) for n in names}
+        position = positions[item]
+        spans = {n: Span(0, reader.layout(item, n).length) for n in names
+                 if have[n] is None or position in have[n]}  # arrays some items lack
         return sum(a.nbytes for a in reader.read(item, spans).values())
 
     total = 0
@@ -63,7 +68,7 @@ def node_share(manifest: Any, names: Sequence[str], nodes: int, node_rank: int |
     rates = {n: float(manifest.arrays[n].rate) for n in timed}
     coarse = min(timed, key=lambda n: rates[n])
     lengths = common_lengths(manifest.lengths, rates, coarse)
-    home = assign_nodes(lengths, nodes, seed)
+    home = assign_nodes([max(0, n) for n in lengths], nodes, seed)
     return [item for item, node in zip(manifest.items, home) if node == node_rank]
 
 

@@ -129,3 +129,54 @@ def test_uneven_dtypes_are_an_error_naming_both_items(tmp_path):
                                        "b": {"wav": np.zeros((1, 16000), np.int16)}})
     proc = zstore_cli("convert", src, str(tmp_path / "d.zarr"), "--rate", "wav=16000")
     assert proc.returncode == 2 and "'b/wav'" in proc.stderr and "'a/wav'" in proc.stderr
+
+
+def test_append_while_a_reader_stays_open(tmp_path):
+    data = files(tmp_path)
+    dst = tmp_path / "s.zarr"
+    corpus = tmp_path / "corpus"
+    zstore.convert([corpus / "a.h5", corpus / "b.hdf5"], dst, rates={"wav": 16000},
+                   workers=1, progress=False)
+    before = zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    reader = zstore.WindowDataset(dst, window_seconds=1.0, cache=cfg)
+    first = [reader[i]["wav"].clone() for i in range(len(reader))]
+    proc = zstore_cli("convert", str(corpus / "day2" / "c.h5"), str(dst), "--append",
+                      "--verify", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    after = zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]
+    assert after["store_id"] == before["store_id"]  # cached chunks stay valid
+    assert after["items"] == before["items"] + ["c/spk/rec9"]
+    assert len(reader) == 3 and all(  # the open reader keeps its view
+        torch_equal(reader[i]["wav"], first[i]) for i in range(3))
+    fresh = zstore.WindowDataset(dst, window_seconds=1.0, cache=cfg)
+    assert len(fresh) == 4
+    got = fresh[3]
+    start = round(got["start"] * 16000)
+    assert np.array_equal(got["wav"].numpy(),
+                          data["c"]["spk/rec9"]["wav"][:, start:start + 16000])
+    # the same again: its item exists now; nothing changes
+    again = zstore_cli("convert", str(corpus / "day2" / "c.h5"), str(dst), "--append")
+    assert again.returncode == 2 and "'c/spk/rec9'" in again.stderr
+    assert zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]["items"] == after["items"]
+
+
+def test_append_refuses_and_leaves_the_store_untouched(tmp_path):
+    files(tmp_path)
+    dst = tmp_path / "one.zarr"
+    corpus = tmp_path / "corpus"
+    zstore.convert(corpus / "a.h5", dst, rates={"wav": 16000}, workers=1, progress=False)
+    snapshot = {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    proc = zstore_cli("convert", str(corpus / "b.hdf5"), str(dst), "--append")
+    assert proc.returncode == 2 and "'rec0'" in proc.stderr and "nothing was written" in \
+        proc.stderr
+    assert {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()} == snapshot
+    proc = zstore_cli("convert", str(corpus / "a.h5"), str(tmp_path / "none.zarr"),
+                      "--append")
+    assert proc.returncode == 2 and "no finished zstore store" in proc.stderr
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)

@@ -81,6 +81,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if len(args.paths) < 2:
         raise ZstoreError("zstore convert needs a source and a destination: "
                           "zstore convert SRC... DST")
+    if args.append:
+        from zstore.append import append
+
+        print(append(args.paths[:-1], args.paths[-1], workers=args.workers,
+                     storage_options=_storage_options(args), verify=args.verify,
+                     progress=not args.no_progress))
+        return 0
     report = convert(args.paths[:-1], args.paths[-1], rates=_pairs(args.rate, "--rate", float),
                      time_axis=_time_axis(args.time_axis),
                      chunk_seconds=args.chunk_seconds,
@@ -215,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
     p.add_argument("--verify", action="store_true", help="re-read and compare every array")
     p.add_argument("--overwrite", action="store_true", help="replace what DST holds")
+    p.add_argument("--append", action="store_true",
+                   help="add the sources' items to the finished store DST, with its codec, "
+                        "chunking and rates (--rate, --time-axis, --codec are its own)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _remote_options(p)
     p.set_defaults(func=cmd_convert)

@@ -204,7 +204,9 @@ def _write_item(job: _Job, item: SourceItem) -> int:
 
 
 def _verify_item(job: _Job, item: SourceItem) -> list[str]:
-    root = zarr.open_group(zarr_store(job.dst, job.storage_options, read_only=True), mode="r")
+    # not the consolidated metadata: it is written last, after verification
+    root = zarr.open_group(zarr_store(job.dst, job.storage_options, read_only=True), mode="r",
+                           use_consolidated=False)
     problems = []
     with open_source(item.source) as f:
         for name in item.shapes:
@@ -366,14 +368,7 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
         report = _report(source, dst, storage_options, t0, 0, total_src)
         report.verified, report.sources = verify, files
         return report
-    done = _finished_items(root)
-    todo = [it for it in source.items if it.name not in done]
-    bar = _Progress(len(source.items), "convert", progress)
-    bar.update(len(source.items) - len(todo), 0)
-    try:
-        _run(_write_item, job, todo, workers, bar)
-    finally:
-        bar.close()
+    todo = write_missing(job, source, root, workers, progress, "convert")
     manifest = _manifest(source, codec, chunk_seconds, fingerprint,
                          store_bytes(dst, storage_options))
     if verify:
@@ -398,6 +393,20 @@ def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool) -> None
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise StoreFormatError(f"{job.dst}: verification failed: {'; '.join(problems[:5])}"
                                f"{more}; rerun with --overwrite to convert again")
+
+
+def write_missing(job: _Job, source: SourcePlan, root: zarr.Group, workers: int,
+                  progress: bool, desc: str) -> list[SourceItem]:
+    """Write the items of ``source`` not yet complete in ``root``; the ones written."""
+    done = _finished_items(root)
+    todo = [it for it in source.items if it.name not in done]
+    bar = _Progress(len(source.items), desc, progress)
+    bar.update(len(source.items) - len(todo), 0)
+    try:
+        _run(_write_item, job, todo, workers, bar)
+    finally:
+        bar.close()
+    return todo
 
 
 def _finished_items(root: zarr.Group) -> set[str]:

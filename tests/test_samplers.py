@@ -187,3 +187,16 @@ def test_warm_one_nodes_share(small_store, tmp_path):
     assert "(0%)" in other.stdout  # node 0's share was not warmed here
     bad = zstore_cli("cache", "warm", small_store, "--nodes", "2", "--node-rank", "2", *dirs)
     assert bad.returncode == 2 and "node rank" in bad.stderr
+
+
+def test_a_changed_node_count_says_how_much_moved(small_store, tmp_path):
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg)
+    zstore.NodeSampler(ds, num_replicas=2, rank=0, local_world_size=1, seed=1)
+    with pytest.warns(UserWarning, match=r"2 -> 3 nodes moved \d+% of the items"):
+        zstore.NodeSampler(ds, num_replicas=3, rank=0, local_world_size=1, seed=1)
+    import warnings
+
+    with warnings.catch_warnings():  # the same layout again: nothing to say
+        warnings.simplefilter("error")
+        zstore.NodeSampler(ds, num_replicas=3, rank=0, local_world_size=1, seed=1)

@@ -179,6 +179,44 @@ class NodeSampler(torch.utils.data.Sampler):
         self.epoch = 0
         self._start = 0
         self._check_dataset_budget(dataset)
+        self._note_layout(dataset)
+
+    def _note_layout(self, dataset: Any) -> None:
+        """Remember the node count in the node's cache directory; when it changed since
+        the last run, say how many items moved to another node (their windows come
+        from the origin again once)."""
+        reader = getattr(dataset, "reader", None)
+        if reader is None or reader.cache is None:
+            return
+        import json
+
+        from zstore.cache.ownership import fix_file, make_dir
+        from zstore.cache.tiers import node_dir
+
+        reader.open()
+        directory = node_dir(reader.cache.resolved(), "layouts")
+        if directory is None or make_dir(directory) is not None:
+            return
+        path = os.path.join(directory, f"{reader.manifest.store_id}-{self.seed}.json")
+        try:
+            with open(path) as f:
+                before = int(json.load(f)["nodes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            before = None
+        if before is not None and before != self.nodes and self.rank == 0:
+            old = assign_nodes(self.item_lengths, before, self.seed)
+            moved = float(np.mean(old != self.item_home)) if len(old) else 0.0
+            warnings.warn(f"NodeSampler: {before} -> {self.nodes} nodes moved {moved:.0%} of "
+                          "the items to another node (their data is read from the origin "
+                          "there once); the rest stay where they were", stacklevel=3)
+        try:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"nodes": self.nodes, "seed": self.seed}, f)
+            fix_file(tmp)
+            os.replace(tmp, path)
+        except OSError:
+            pass
 
     def _check_dataset_budget(self, dataset: Any) -> None:
         """For a WindowDataset with a cache: warn when this node's share of the store is

@@ -30,7 +30,7 @@ try:  # fsspec >= 2025: marks a file system layered over another, so that a chai
 except ImportError:  # pragma: no cover - older fsspec: use cached_filesystem() instead
     from fsspec.spec import AbstractFileSystem as _Base
 
-from zstore.cache.ownership import fix_file, make_dir
+from zstore.cache.ownership import make_dir, write_json
 from zstore.cache.tiers import TieredCache, node_dir
 from zstore.config import CacheConfig, as_cache_config, parse_size
 from zstore.errors import ConfigError, IntegrityError
@@ -135,14 +135,7 @@ class CachedFileSystem(_Base):
         if where is None or make_dir(os.path.dirname(where)) is not None:
             return
         keep = {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}
-        try:
-            tmp = f"{where}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(keep, f)
-            fix_file(tmp)
-            os.replace(tmp, where)
-        except OSError:
-            pass
+        write_json(where, keep)
 
     def _recall(self, path: str) -> dict[str, Any] | None:
         where = self._known_path(path)

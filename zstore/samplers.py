@@ -190,7 +190,7 @@ class NodeSampler(torch.utils.data.Sampler):
             return
         import json
 
-        from zstore.cache.ownership import fix_file, make_dir
+        from zstore.cache.ownership import make_dir, write_json
         from zstore.cache.tiers import node_dir
 
         reader.open()
@@ -209,14 +209,7 @@ class NodeSampler(torch.utils.data.Sampler):
             warnings.warn(f"NodeSampler: {before} -> {self.nodes} nodes moved {moved:.0%} of "
                           "the items to another node (their data is read from the origin "
                           "there once); the rest stay where they were", stacklevel=3)
-        try:
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"nodes": self.nodes, "seed": self.seed}, f)
-            fix_file(tmp)
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        write_json(path, {"nodes": self.nodes, "seed": self.seed})
 
     def _check_dataset_budget(self, dataset: Any) -> None:
         """For a WindowDataset with a cache: warn when this node's share of the store is

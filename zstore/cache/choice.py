@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from zstore.cache.ownership import fix_file, make_dir
+from zstore.cache.ownership import make_dir, write_json
 from zstore.config import ResolvedCache, format_size
 
 
@@ -56,19 +56,8 @@ def choose(config: ResolvedCache, decoded_bytes: int, stored_bytes: int) -> Form
 
 def record(directory: str | None, store_id: str, choice: FormatChoice) -> None:
     """Write the choice where ``zstore cache stats`` finds it (best effort)."""
-    if not directory:
-        return
-    try:
-        if make_dir(directory) is not None:
-            return
-        path = os.path.join(directory, f"{store_id}.json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(asdict(choice), f)
-        fix_file(tmp)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    if directory and make_dir(directory) is None:
+        write_json(os.path.join(directory, f"{store_id}.json"), asdict(choice))
 
 
 def recorded(directory: str | None) -> dict[str, dict[str, object]]:

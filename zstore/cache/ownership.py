@@ -18,6 +18,7 @@ its mode; reads go to the next tier or the origin.
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import stat
@@ -116,6 +117,20 @@ def fix_file(path: str) -> None:
             os.chmod(path, mode)
     except OSError:
         pass
+
+
+def write_json(path: str, data: object) -> bool:
+    """Write ``data`` to ``path`` in a tier directory atomically (temp file + rename), with
+    the tier's file mode; False when it could not be written (best effort: what callers
+    keep there is a record, never data)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with os.fdopen(open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        return False
 
 
 def _user(uid: int) -> str:

@@ -23,7 +23,8 @@ import numpy as np
 
 from zstore.cache.admission import FrequencySketch, admit, sketch_bytes, sketch_width
 from zstore.cache.evictions import EvictionLog
-from zstore.cache.ownership import describe, fix_file, make_dir, open_file, problem
+from zstore.cache.ownership import (describe, fix_file, make_dir, open_file, problem,
+                                    write_json)
 from zstore.cache.stats import Stats
 from zstore.cache.value import Checked, Parts, header, header_size, open_value
 
@@ -32,7 +33,8 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs"
               "fuse.sshfs", "9p", "afs", "glusterfs", "fuse.glusterfs")
 
 
-NODE_SUBDIRS = ("stats", "locks", "formats")
+#: Directories zstore keeps in a tier directory (the first tier's: see tiers.node_dir).
+NODE_SUBDIRS = ("stats", "locks", "formats", "fsspec-info", "layouts")
 BUDGET_FILE = "budget.json"
 REFUSAL_FRESH = 1.0  # seconds a process trusts its last look at a full tier's oldest values
 
@@ -42,12 +44,12 @@ def refusal(directory: str, gid: int | None) -> str | None:
     the directories zstore keeps in it must be writable by this user only (or, opted in,
     by one group)."""
     why = make_dir(directory, gid)
-    if why is None:
-        for sub in NODE_SUBDIRS:
-            path = os.path.join(directory, sub)
-            if os.path.lexists(path) and problem(path, gid) is not None:
-                directory, why = path, problem(path, gid)
-                break
+    for sub in NODE_SUBDIRS if why is None else ():
+        path = os.path.join(directory, sub)
+        why = problem(path, gid) if os.path.lexists(path) else None
+        if why is not None:
+            directory = path
+            break
     if why is None:
         return None
     return (f"{directory} {why} ({describe(directory)}); a directory others can write "
@@ -193,13 +195,7 @@ class Tier:
                     return
         except (OSError, ValueError):
             pass
-        try:
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with os.fdopen(open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
-                json.dump({"budget": self.budget}, f)
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        write_json(path, {"budget": self.budget})
 
     def recorded_budget(self) -> int | None:
         """The budget the processes using this tier last ran with (None: not known)."""

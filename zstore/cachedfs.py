@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older fsspec: use cached_filesystem() 
     from fsspec.spec import AbstractFileSystem as _Base
 
 from zstore.cache.ownership import make_dir, write_json
-from zstore.cache.tiers import TieredCache, node_dir
+from zstore.cache.tiers import TieredCache
 from zstore.config import CacheConfig, as_cache_config, parse_size
 from zstore.errors import ConfigError, IntegrityError
 
@@ -80,7 +80,8 @@ class CachedFileSystem(_Base):
         config = {k: v for k, v in config.items() if k in CacheConfig.__dataclass_fields__}
         resolved = (cache or as_cache_config(CacheConfig(**config))).resolved()  # type: ignore
         self.tiers = TieredCache(resolved, "fsspec")
-        self._known_dir = node_dir(resolved, "fsspec-info")
+        self._known_dir = self.tiers.node_dir("fsspec-info")
+        self._known: dict[str, dict[str, Any]] = {}  # what this process last remembered
         self._warned: set[str] = set()
 
     # -- metadata: pass through, remembering what was seen ---------------------------
@@ -131,11 +132,14 @@ class CachedFileSystem(_Base):
         return os.path.join(self._known_dir, f"{name}.json")
 
     def _remember(self, path: str, info: dict[str, Any]) -> None:
+        keep = {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}
+        if self._known.get(path) == keep:  # unchanged: no write on every open or read
+            return
         where = self._known_path(path)
         if where is None or make_dir(os.path.dirname(where)) is not None:
             return
-        keep = {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}
-        write_json(where, keep)
+        if write_json(where, keep):
+            self._known[path] = keep
 
     def _recall(self, path: str) -> dict[str, Any] | None:
         where = self._known_path(path)

@@ -23,7 +23,7 @@ import numpy as np
 from zstore.cache.choice import FormatChoice
 from zstore.cache.choice import choose as choose_format
 from zstore.cache.choice import record as record_format
-from zstore.cache.tiers import TieredCache, node_dir
+from zstore.cache.tiers import TieredCache
 from zstore.config import CacheConfig, ResolvedCache
 from zstore.errors import IntegrityError, StoreFormatError
 from zstore.fetch import ChunkSource
@@ -98,7 +98,7 @@ class WindowReader:
                                            else sizes.chunks))
         if tiers.ssd is not None:
             tiers.ssd.set_period(PASSES * sizes.chunks)
-        record_format(node_dir(resolved, "formats"), self.manifest.store_id, choice)
+        record_format(tiers.node_dir("formats"), self.manifest.store_id, choice)
         return choice
 
     def _fetch_mode(self, resolved: ResolvedCache | None) -> str:

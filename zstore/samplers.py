@@ -186,15 +186,13 @@ class NodeSampler(torch.utils.data.Sampler):
         the last run, say how many items moved to another node (their windows come
         from the origin again once)."""
         reader = getattr(dataset, "reader", None)
-        if reader is None or reader.cache is None:
+        if reader is None or reader.cache is None or reader.open().tiers is None:
             return
         import json
 
         from zstore.cache.ownership import make_dir, write_json
-        from zstore.cache.tiers import node_dir
 
-        reader.open()
-        directory = node_dir(reader.cache.resolved(), "layouts")
+        directory = reader.tiers.node_dir("layouts")
         if directory is None or make_dir(directory) is not None:
             return
         path = os.path.join(directory, f"{reader.manifest.store_id}-{self.seed}.json")

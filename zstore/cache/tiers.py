@@ -57,8 +57,11 @@ def warn_if_tmpfs_too_small(directory: str, budget: int) -> None:
 def node_dir(config: ResolvedCache, name: str) -> str | None:
     """A directory every process on the node shares: under the RAM tier, else the SSD tier
     (only a tier directory that passed the ownership check)."""
-    ram, ssd = safe_dirs(config)
-    base = ram or ssd
+    return _under(*safe_dirs(config), name)
+
+
+def _under(ram_dir: str | None, ssd_dir: str | None, name: str) -> str | None:
+    base = ram_dir or ssd_dir
     return os.path.join(base, name) if base else None
 
 
@@ -74,8 +77,9 @@ class TieredCache:
     def __init__(self, config: ResolvedCache, namespace: str):
         self.config = config
         self.namespace = namespace
-        ram_dir, ssd_dir = safe_dirs(config)
-        self.stats = Stats(node_dir(config, "stats"))
+        ram_dir, ssd_dir = safe_dirs(config)  # checked once; node_dir() uses them
+        self._dirs = (ram_dir, ssd_dir)
+        self.stats = Stats(self.node_dir("stats"))
         gid = config.shared_gid
         self.ram = Tier("ram", ram_dir, config.ram_bytes, self.stats, admission=True,
                         gid=gid, record=True) if ram_dir and config.ram_bytes else None
@@ -86,7 +90,7 @@ class TieredCache:
         #: What the RAM tier holds for this store: "decoded" or "encoded" (the reader
         #: settles "auto" once it knows the store's size, see zstore.cache.choice).
         self.ram_format = "encoded" if config.ram_format == "encoded" else "decoded"
-        lock_dir = node_dir(config, "locks")
+        lock_dir = self.node_dir("locks")
         self.fill_locks = StripedLocks(lock_dir, "e") if lock_dir else None
         self.decode_locks = StripedLocks(lock_dir, "d") if lock_dir else None
 
@@ -94,6 +98,10 @@ class TieredCache:
     def decoded(self) -> bool:
         """True when the RAM tier holds decoded shards (the reader's fast path)."""
         return self.ram is not None and self.ram_format == "decoded"
+
+    def node_dir(self, name: str) -> str | None:
+        """Like the module's :func:`node_dir`, from the directories checked at start."""
+        return _under(*self._dirs, name)
 
     def key(self, key: str) -> str:
         return f"{self.namespace}/{key}"

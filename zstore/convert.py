@@ -22,7 +22,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zstore.config import format_size
 from zstore.errors import DestinationError, SourceError, StoreFormatError
 from zstore.layout import (DONE_ATTR, MANIFEST_ATTR, PROGRESS_ATTR, ArrayInfo, Manifest,
-                           chunk_length, shard_length)
+                           chunk_length, shard_length, step_nbytes)
 from zstore.origin import store_bytes, zarr_store
 from zstore.corpus import expand_sources
 from zstore.corpus import fingerprint as corpus_fingerprint
@@ -161,8 +161,8 @@ def _array_geometry(shape: tuple[int, ...], info: ArrayInfo, chunk_seconds: floa
         return tuple(max(1, s) for s in shape), None
     axis = info.time_axis
     chunk, shard = list(shape), list(shape)
-    step = itemsize * math.prod(n for a, n in enumerate(shape) if a != axis)
-    chunk[axis] = chunk_length(info.rate, chunk_seconds, shape[axis], step)
+    chunk[axis] = chunk_length(info.rate, chunk_seconds, shape[axis],
+                               step_nbytes(shape, axis, itemsize))
     shard[axis] = shard_length(chunk[axis], shape[axis])
     return tuple(max(1, c) for c in chunk), tuple(max(1, s) for s in shard)
 

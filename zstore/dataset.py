@@ -229,8 +229,7 @@ class WindowDataset(torch.utils.data.Dataset):
         coarse_rate = self._rates[self._coarse]  # type: ignore[index]
         for name, rate in self._rates.items():
             layout = self.reader.layout(first, name)
-            other = int(np.prod([n for a, n in enumerate(layout.shape) if a != layout.time_axis]))
-            nbytes = scale(self._window, coarse_rate, rate) * other * layout.dtype.itemsize
+            nbytes = scale(self._window, coarse_rate, rate) * layout.step_nbytes
             if nbytes > MAX_WINDOW_BYTES:
                 raise ConfigError(
                     f"window_seconds={self.window_seconds}: one window of '{name}' would take "
@@ -256,10 +255,6 @@ class WindowDataset(torch.utils.data.Dataset):
         """The length (frames of the coarsest field) of every item the dataset serves, in
         index order: index ``i`` reads item ``i // windows_per_item`` of this list."""
         return [self._lengths[item] for item in self._index]
-
-    def item_of(self, i: int) -> int:
-        """The item (position in the store's manifest) that index ``i`` reads."""
-        return self._index[(i % len(self)) // self.windows_per_item]
 
     def set_epoch(self, epoch: int) -> None:
         """Move to another draw of windows (call it before each epoch)."""

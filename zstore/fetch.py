@@ -39,8 +39,7 @@ class ChunkSource:
         self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def _missing(self, obj: str, what: str) -> MissingDataError:
-        item, _, name = obj.rpartition("/c/")[0].rpartition("/")
-        return missing_error(self.url, obj, item, name, what)
+        return missing_error(self.url, obj, what)
 
     def index(self, shards: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
         """Shard indexes of the given (layout, shard) pairs, fetched together."""
@@ -230,8 +229,14 @@ def _slice(data: bytes, start: int | None, stop: int | None) -> bytes:
     return data[start or 0:stop]
 
 
-def missing_error(url: str, key: str, item: str, array: str, what: str) -> MissingDataError:
+def chunk_array(key: str) -> str:
+    """The array path of a chunk key (``<item>/<array>/c/0/3`` or ``.../c``), or ""."""
+    return key[:-2] if key.endswith("/c") else key.rpartition("/c/")[0]
+
+
+def missing_error(url: str, key: str, what: str) -> MissingDataError:
     """The error for an object that a complete store must hold but does not."""
+    item, _, array = chunk_array(key).rpartition("/")
     return MissingDataError(
         f"{url}: {what} '{key}' (item '{item}', array '{array}') is missing, but this "
         "store's converter wrote every chunk: the store is damaged or was copied "

@@ -18,8 +18,7 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
                                  "inferred": a.inferred}
         have = manifest.items_with(name)
         entry["items_with"] = len(manifest.items) if have is None else len(have)
-        first = manifest.items[have[0] if have else 0] if manifest.items else None
-        array_meta = metas.get(f"{first}/{name}")
+        array_meta = metas.get(f"{manifest.first_with(name)}/{name}")
         if array_meta:
             layout = parse_array_meta(name, array_meta, a.time_axis)
             entry.update(shape_of_first_item=list(layout.shape), dtype=str(layout.dtype),

@@ -55,6 +55,13 @@ class Manifest:
         """Positions of the items that have array ``name`` (None: every item)."""
         return self.present.get(name)
 
+    def first_with(self, name: str) -> str | None:
+        """The first item that has array ``name`` (None: no item has it)."""
+        have = self.items_with(name)
+        if not self.items or have == []:
+            return None
+        return self.items[have[0] if have else 0]
+
     @property
     def time_arrays(self) -> list[str]:
         return [n for n, a in self.arrays.items() if a.rate is not None]
@@ -114,6 +121,11 @@ class Manifest:
 MIN_CHUNK_BYTES = 64_000
 
 
+def step_nbytes(shape: tuple[int, ...], time_axis: int, itemsize: int) -> int:
+    """Bytes of one step along time: every other axis, times the item size."""
+    return math.prod(n for a, n in enumerate(shape) if a != time_axis) * itemsize
+
+
 def chunk_length(rate: float, chunk_seconds: float, length: int,
                  sample_bytes: int = MIN_CHUNK_BYTES) -> int:
     """Time-axis chunk length: about ``chunk_seconds`` at ``rate``, longer where that
@@ -163,6 +175,11 @@ class ArrayLayout:
         s = list(self.shape)
         s[self.time_axis] = self.chunk
         return tuple(s)
+
+    @property
+    def step_nbytes(self) -> int:
+        """Bytes of one step along time (every other axis)."""
+        return step_nbytes(self.shape, self.time_axis, self.dtype.itemsize)
 
     @functools.cached_property
     def chunk_nbytes(self) -> int:

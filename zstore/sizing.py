@@ -6,7 +6,6 @@ dtype, chunking), so it costs nothing per item beyond a sum.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,17 +32,12 @@ def field_sizes(manifest: Manifest, metas: dict[str, Any],
     decoded = shards = chunks = 0
     everything = 0
     for name in manifest.time_arrays:
-        have = manifest.items_with(name)
-        first = manifest.items[have[0] if have else 0] if manifest.items and have != [] \
-            else None
-        meta = metas.get(f"{first}/{name}") if first is not None else None
+        meta = metas.get(f"{manifest.first_with(name)}/{name}")
         if meta is None:
             continue
         layout = parse_array_meta(name, meta, manifest.arrays[name].time_axis)
-        per_sample = math.prod(n for a, n in enumerate(layout.shape)
-                               if a != layout.time_axis) * layout.dtype.itemsize
         lengths = [n for n in manifest.lengths[name] if n >= 0]
-        nbytes = per_sample * sum(lengths)
+        nbytes = layout.step_nbytes * sum(lengths)
         everything += nbytes
         if name in names:
             decoded += nbytes

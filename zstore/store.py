@@ -155,7 +155,9 @@ class CachedStore(Store):
         fill value, i.e. zeros, for it); other missing keys are zarr's business."""
         if not self.complete:
             return
-        array = key[:-2] if key.endswith("/c") else key.rpartition("/c/")[0]
+        from zstore.fetch import chunk_array, missing_error
+
+        array = chunk_array(key)
         if not array:
             return
         if self._arrays is None:
@@ -163,10 +165,7 @@ class CachedStore(Store):
             self._arrays = frozenset(p for p, m in metas.items()
                                      if m.get("node_type") == "array")
         if array in self._arrays:
-            from zstore.fetch import missing_error
-
-            item, _, name = array.rpartition("/")
-            raise missing_error(self.url, key, item, name, "object")
+            raise missing_error(self.url, key, "object")
 
     def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
                  byte_range: ByteRequest | None = None) -> Buffer | None:

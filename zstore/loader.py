@@ -27,6 +27,7 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSam
 
 from zstore.dataset import WindowDataset
 from zstore.errors import ConfigError, ZstoreError
+from zstore.reader import window_shape
 
 
 class LoaderError(ZstoreError, RuntimeError):
@@ -38,6 +39,7 @@ class _Buffers:
 
     def __init__(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], size: int,
                  pin: bool):
+        self.shapes = shapes
         self.arrays: dict[str, np.ndarray] = {}
         self._pinned: list[torch.Tensor] = []  # owners of pinned memory
         for name, (shape, dtype) in shapes.items():
@@ -151,10 +153,10 @@ class WindowLoader:
 
     def _read(self, indices: list[int], copier: cf.ThreadPoolExecutor) -> dict[str, Any]:
         ds = self.dataset
-        located = [ds.locate(i) for i in indices]
         if ds.transform is not None:
             return self._read_transformed(indices, copier)
-        buffers = self._buffers(located, len(indices))
+        located = [ds.locate(i) for i in indices]
+        buffers = self._buffers(located)
         outs = [{name: arr[b] for name, arr in buffers.arrays.items()}
                 for b in range(len(indices))]
 
@@ -194,27 +196,21 @@ class WindowLoader:
         return LoaderError(f"{self.dataset.url}: reading the batch of windows {names}{more} "
                            f"failed: {type(e).__name__}: {e}")
 
-    def _buffers(self, located: list[Any], size: int) -> _Buffers:
+    def _buffers(self, located: list[Any]) -> _Buffers:
         """A free set of batch buffers of the right shapes (new if none is free)."""
         item, spans, _, _ = located[0]
         shapes = {}
         for name, span in spans.items():
             layout = self.dataset.reader.layout(item, name)
-            shape = list(layout.shape)
-            shape[layout.time_axis] = span.stop - span.start + span.pad
-            shapes[name] = (tuple(shape), layout.dtype)
+            shapes[name] = (window_shape(layout, span), layout.dtype)
         with self._pool_lock:
-            found = self._take(shapes, size)
+            found = self._take(shapes)
         return found if found is not None else _Buffers(shapes, self.batch_size,
                                                          self.pin_memory)
 
-    def _take(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], size: int
-              ) -> _Buffers | None:
+    def _take(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]]) -> _Buffers | None:
         for buffers in list(self._pool):
-            fits = all(buffers.arrays[n].shape[1:] == s and buffers.arrays[n].dtype == d
-                       and buffers.arrays[n].shape[0] >= size for n, (s, d) in shapes.items()
-                       if n in buffers.arrays) and buffers.arrays.keys() == shapes.keys()
-            if not fits:
+            if buffers.shapes != shapes:  # every set holds batch_size windows
                 self._pool.remove(buffers)
                 continue
             if buffers.free():

@@ -230,16 +230,22 @@ def _run_all(jobs: list[Callable[[], None]]) -> None:
         job()
 
 
+def window_shape(layout: ArrayLayout, span: Span) -> tuple[int, ...]:
+    """The shape of ``span`` of an array: its own, with the window's length along time."""
+    shape = list(layout.shape)
+    shape[layout.time_axis] = span.stop - span.start + span.pad
+    return tuple(shape)
+
+
 def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces,
               out: np.ndarray | None = None) -> np.ndarray:
     """One copy of ``span`` out of the pieces (chunks or shards) that cover it, into
     ``out`` when given (it must have the window's shape and the array's dtype)."""
     axis = layout.time_axis
-    shape = list(layout.shape)
-    shape[axis] = span.stop - span.start + span.pad
+    shape = window_shape(layout, span)
     if out is None:
         out = np.empty(shape, dtype=layout.dtype)
-    elif out.shape != tuple(shape) or out.dtype != layout.dtype:
+    elif out.shape != shape or out.dtype != layout.dtype:
         raise ValueError(f"'{layout.path}': a window of shape {tuple(shape)} ({layout.dtype}) "
                          f"does not fit the batch slot of shape {out.shape} ({out.dtype}); "
                          "items of a batch need the same shape apart from time")

@@ -12,6 +12,7 @@ and decoded (:func:`chunk_pieces`).
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import mmap
 from typing import Any
@@ -41,7 +42,12 @@ def chunk_pieces(source: ChunkSource, plan: Plan, *, ram: bool) -> Pieces:
             for (layout, k), arr in zip(need, arrays)}
 
 
-class ShardForm:
+def in_shard(layout: ArrayLayout, s: int, span: Span) -> Span:
+    """The part of ``span`` that lies in shard ``s``."""
+    return Span(max(span.start, s * layout.shard), min(span.stop, (s + 1) * layout.shard))
+
+
+class ShardForm(abc.ABC):
     """What the two forms share: lookups through the maps, admission, building."""
 
     suffix = ""
@@ -76,8 +82,7 @@ class ShardForm:
                 if self.ram.admits(key, self.nbytes(layout, s), blocked=True):
                     missing.append((layout, s, span))
                 else:  # the part of the window in this shard, from its chunks
-                    direct.append((name, layout, Span(max(span.start, s * layout.shard),
-                                                      min(span.stop, (s + 1) * layout.shard))))
+                    direct.append((name, layout, in_shard(layout, s, span)))
         if missing:
             pieces.update(self._build(missing))
         if direct:  # encoded chunks stay out of the RAM tier: it holds shards
@@ -115,20 +120,24 @@ class ShardForm:
 
     # what a form defines
     def handles(self, layout: ArrayLayout) -> bool:
+        """Whether shards of ``layout`` take this form (else its windows read chunks)."""
         return True
 
+    @abc.abstractmethod
     def view(self, layout: ArrayLayout, s: int, checked: Checked) -> Any:
-        raise NotImplementedError
+        """What a mapped value of shard ``s`` is read through; None when it is corrupt."""
 
+    @abc.abstractmethod
     def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
         """The pieces of ``span`` from a mapped shard; None when a check fails."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def nbytes(self, layout: ArrayLayout, s: int) -> int:
-        raise NotImplementedError
+        """Bytes shard ``s`` takes in this form (what admission weighs)."""
 
+    @abc.abstractmethod
     def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
-        raise NotImplementedError
+        """Build the shards of ``todo`` into the RAM tier; the pieces of their spans."""
 
 
 class DecodedShards(ShardForm):
@@ -207,10 +216,10 @@ class EncodedShards(ShardForm):
         pieces: Pieces = {}
         first = s * layout.chunks_per_shard
         payload = got.checked.payload
-        lo, hi = max(span.start, s * layout.shard), min(span.stop, (s + 1) * layout.shard)
+        part = in_shard(layout, s, span)
         where = f"{self.url}: {layout.object_key(s)} (encoded shard in the RAM tier)"
         index = got.view
-        for k in layout.chunks_for(lo, hi):
+        for k in layout.chunks_for(part.start, part.stop):
             offset, n = index[k - first]
             if not got.checked.verify(offset, offset + n):
                 return None
@@ -231,23 +240,13 @@ class EncodedShards(ShardForm):
             got = raw[pos:pos + n]
             pos += n
             if any(data is None for _, data in got):  # unwritten chunks (other writers)
-                lo, hi = max(span.start, s * layout.shard), min(span.stop,
-                                                              (s + 1) * layout.shard)
-                pieces.update(chunk_pieces(self.source, [("", layout, Span(lo, hi))],
+                pieces.update(chunk_pieces(self.source, [("", layout, in_shard(layout, s, span))],
                                            ram=False))
                 continue
-            parts = [self._checked(request, data, layout) for request, data in got]
-            index = np.empty((n, 2), dtype="<u8")
-            offset = 0
-            for i, data in enumerate(parts):
-                index[i] = (offset, len(data))
-                offset += len(data)
-            buf = bytearray(offset + index.nbytes)
-            offset = 0
-            for data in parts:
-                buf[offset:offset + len(data)] = data
-                offset += len(data)
-            buf[offset:] = index.tobytes()
+            parts = [self._checked(layout, request, data) for request, data in got]
+            sizes = np.array([len(data) for data in parts], dtype="<u8")
+            index = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)  # (offset, nbytes)
+            buf = b"".join([*parts, index.tobytes()])
             self.ram.put(key, buf, blocked=True)
             built = Mapped(index.tolist(), Checked(memoryview(buf), None), "", 0)
             found = self.read(layout, s, built, span)
@@ -255,11 +254,10 @@ class EncodedShards(ShardForm):
             pieces.update(found)
         return pieces
 
-    def _checked(self, request: Any, data: Any, layout: ArrayLayout | None = None
-                 ) -> bytes | memoryview:
+    def _checked(self, layout: ArrayLayout, request: Any, data: Any) -> bytes | memoryview:
         """A chunk's bytes with their crc32c checked (refetched from the origin once when
         the copy in a tier is bad), so a shard is never built from corrupt bytes."""
-        if layout is not None and not any(c["name"] == "crc32c" for c in layout.codecs):
+        if not any(c["name"] == "crc32c" for c in layout.codecs):
             return data
         where = f"{self.url}: {describe(*request)}"
         try:

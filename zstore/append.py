@@ -19,8 +19,7 @@ from typing import Any
 import zarr
 
 from zstore.convert import ConvertReport, _Job, _verify, check_options, write_missing
-from zstore.corpus import expand_sources, stems
-from zstore.corpus import fingerprint as corpus_fingerprint
+from zstore.corpus import expand_sources, source_name, stems
 from zstore.errors import SourceError, StoreFormatError
 from zstore.layout import MANIFEST_ATTR, Manifest
 from zstore.origin import store_bytes, zarr_store
@@ -66,12 +65,10 @@ def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     sources = manifest.extra.get("sources", [])
     rates = {n: a.rate for n, a in manifest.arrays.items() if a.rate and not a.inferred}
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
-    prefixed = len(sources) > 1
-    source = plan(files, rates, axes) if not prefixed or len(files) > 1 else \
-        _plan_prefixed(files, rates, axes)
-    if not prefixed and len(files) > 1:  # a one-file store: plain group names
-        for it in source.items:
-            it.name = it.group
+    source = plan(files, rates, axes)
+    prefix = stems(files) if len(sources) > 1 else None  # as the store names its items
+    for it in source.items:
+        it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group
     unknown = sorted(n for n in source.arrays if n not in manifest.arrays)
     if unknown:
         raise SourceError(f"{dst}: the new items have array(s) {unknown} that the store does "
@@ -97,16 +94,6 @@ def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     return source
 
 
-def _plan_prefixed(files: list[str], rates: dict[str, float], axes: dict[str, int]
-                   ) -> SourcePlan:
-    """One new file for a store made from several: items named ``<stem>/<group>``."""
-    source = plan(files, rates, axes)
-    prefix = stems(files)[files[0]]
-    for it in source.items:
-        it.name = f"{prefix}/{it.group}"
-    return source
-
-
 def _extended(manifest: Manifest, source: SourcePlan, files: list[str],
               nbytes: int) -> Manifest:
     """The store's manifest with the new items after the old ones (same store id)."""
@@ -121,8 +108,7 @@ def _extended(manifest: Manifest, source: SourcePlan, files: list[str],
         if name in present or len(have) < len(source.items):
             present[name] = present.get(name, list(range(offset))) + have
     extra = dict(manifest.extra)
-    extra["sources"] = list(extra.get("sources", [])) + \
-        [s["source"] for s in corpus_fingerprint(files, {})["sources"]]
+    extra["sources"] = list(extra.get("sources", [])) + [source_name(f) for f in files]
     extra["store_bytes"] = nbytes
     return Manifest(store_id=manifest.store_id, arrays=manifest.arrays,
                     items=manifest.items + [it.name for it in source.items], lengths=lengths,

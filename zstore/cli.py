@@ -137,6 +137,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
+    periods = [(label, part) for label, part in (
+        ("since cleared", stats), ("running now", stats["running"]),
+        ("since the mark", stats["since_mark"])) if part is not None]
     for tier in ("ram", "ssd"):
         t = stats[tier]
         where = stats["config"][f"{tier}_dir"] or "disabled"
@@ -145,18 +148,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
                                                else "") + ")"
         print(f"{tier}: {where}\n  {format_size(t.get('bytes_on_disk', 0))} of "
               f"{format_size(t.get('budget', 0))} (budget of {t.get('budget_of', '?')})")
-        for label, part in (("since cleared", stats), ("running now", stats["running"]),
-                            ("since the mark", stats["since_mark"])):
-            if part is None:
-                continue
+        for label, part in periods:
             p = part[tier]
             print(f"  {label}: hits {p['hits']}  misses {p['misses']}  hit rate "
                   f"{p['hit_rate']:.1%}  evictions {p['evictions']}  refused {p['rejected']}")
-    for label, part in (("since cleared", stats), ("running now", stats["running"]),
-                        ("since the mark", stats["since_mark"])):
-        if part is not None:
-            o = part["origin"]
-            print(f"origin {label}: {o['requests']} requests, {format_size(o['bytes'])}")
+    for label, part in periods:
+        o = part["origin"]
+        print(f"origin {label}: {o['requests']} requests, {format_size(o['bytes'])}")
     for store_id, choice in stats.get("formats", {}).items():
         print(f"store {store_id}: RAM tier holds {choice['format']} data: {choice['reason']}")
     share = stats.get("share")

@@ -134,7 +134,7 @@ class CacheConfig:
     Args:
         ram_bytes: byte budget of the RAM tier for the whole node (int or "64GB").
             Default: half the free tmpfs, at most a quarter of RAM.  0 disables it.
-        ram_dir: the RAM tier's directory, on tmpfs.  Default ``/dev/shm/zstore``.
+        ram_dir: the RAM tier's directory, on tmpfs.  Default ``/dev/shm/zstore-<uid>``.
             ``None`` disables the tier.
         ram_format: ``"auto"`` (the default) chooses per store from its decoded
             and compressed size against the budget (see :mod:`zstore.cache.choice`);

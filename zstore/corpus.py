@@ -41,8 +41,7 @@ def expand_sources(sources: str | os.PathLike[str] | list[Any]) -> list[str]:
             out += found
         else:
             out.append(src)
-    seen: set[str] = set()
-    return [s for s in out if not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
+    return list(dict.fromkeys(out))  # each file once, first place kept
 
 
 def stems(files: list[str]) -> dict[str, str]:
@@ -57,6 +56,11 @@ def stems(files: list[str]) -> dict[str, str]:
     return {f: s for s, f in owner.items()}
 
 
+def source_name(f: str) -> str:
+    """How a source is named in a manifest: its URL, or its absolute path."""
+    return f if is_url(f) else os.path.abspath(f)
+
+
 def fingerprint(files: list[str], options: dict[str, Any]) -> dict[str, Any]:
     """What identifies one conversion: every source's path, size and mtime, and options."""
     out = []
@@ -66,10 +70,10 @@ def fingerprint(files: list[str], options: dict[str, Any]) -> dict[str, Any]:
 
             fs, path = fsspec.core.url_to_fs(f)
             info = fs.info(path)
-            out.append({"source": f, "size": info.get("size"),
+            out.append({"source": source_name(f), "size": info.get("size"),
                         "version": str(info.get("ETag") or info.get("mtime") or "")})
         else:
             st = os.stat(f)
-            out.append({"source": os.path.abspath(f), "size": st.st_size,
+            out.append({"source": source_name(f), "size": st.st_size,
                         "mtime_ns": st.st_mtime_ns})
     return {"sources": out, "options": options}

@@ -19,6 +19,7 @@ of items between nodes each epoch for more mixing, at the cost of origin reads.
 
 from __future__ import annotations
 
+import abc
 import math
 import os
 import warnings
@@ -40,17 +41,32 @@ def _rng(*keys: int) -> np.random.Generator:
     return np.random.default_rng(h)
 
 
-class WindowSampler(torch.utils.data.Sampler):
+class _EpochSampler(torch.utils.data.Sampler, abc.ABC):
+    """What both samplers share: an epoch, a resume position, ``(epoch, i)`` pairs from
+    the subclass's ``order(epoch)``."""
+
+    epoch = 0
+    _start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._start = int(epoch), 0
+
+    @abc.abstractmethod
+    def order(self, epoch: int | None = None) -> list[int]:
+        """The indices of ``epoch`` (default: the current one), in order."""
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, start = self.epoch, self._start
+        self._start = 0
+        return ((epoch, i) for i in self.order(epoch)[start:])
+
+
+class WindowSampler(_EpochSampler):
     """Every index once per epoch, shuffled from ``(seed, epoch)``, as ``(epoch, i)``
     pairs.  For one process, or as the order of one node's ranks' shares."""
 
     def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0):
         self.n, self.shuffle, self.seed = len(dataset), bool(shuffle), int(seed)
-        self.epoch = 0
-        self._start = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._start = int(epoch), 0
 
     def order(self, epoch: int | None = None) -> list[int]:
         """The indices of an epoch, in order (a pure function of seed and epoch)."""
@@ -58,11 +74,6 @@ class WindowSampler(torch.utils.data.Sampler):
         if not self.shuffle:
             return list(range(self.n))
         return _rng(self.seed, epoch).permutation(self.n).tolist()
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch, start = self.epoch, self._start
-        self._start = 0
-        return ((epoch, i) for i in self.order(epoch)[start:])
 
     def __len__(self) -> int:
         return self.n
@@ -132,7 +143,7 @@ def assign_nodes(lengths: Sequence[int], nodes: int, seed: int) -> np.ndarray:
     return node
 
 
-class NodeSampler(torch.utils.data.Sampler):
+class NodeSampler(_EpochSampler):
     """A drop-in for ``DistributedSampler`` that keeps each item on one node.
 
     Args:
@@ -176,8 +187,6 @@ class NodeSampler(torch.utils.data.Sampler):
                               f"indices over {self.nodes} node(s) x {self.local} rank(s)"
                               f"{' with drop_last' if drop_last else ''}); use fewer ranks "
                               "or more data")
-        self.epoch = 0
-        self._start = 0
         self._check_dataset_budget(dataset)
         self._note_layout(dataset)
 
@@ -226,9 +235,6 @@ class NodeSampler(torch.utils.data.Sampler):
                           resolved.ram_bytes if resolved.ram_dir else 0,
                           resolved.ssd_bytes if resolved.ssd_dir else 0)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._start = int(epoch), 0
-
     def nodes_of(self, epoch: int | None = None) -> np.ndarray:
         """Every index's node in ``epoch`` (the assignment, plus this epoch's rotation)."""
         epoch = self.epoch if epoch is None else epoch
@@ -255,11 +261,6 @@ class NodeSampler(torch.utils.data.Sampler):
             mine = np.resize(mine, need) if len(mine) else mine
         mine = mine[:need]
         return mine[local_rank::self.local].tolist()
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch, start = self.epoch, self._start
-        self._start = 0
-        return ((epoch, i) for i in self.order(epoch)[start:])
 
     def __len__(self) -> int:
         return self.num_samples

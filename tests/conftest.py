@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import h5py
@@ -61,6 +62,23 @@ def write_h5(path: Path | str, items: dict[str, dict[str, np.ndarray]],
     return str(path)
 
 
+def kill_when(proc, ready) -> None:
+    """SIGKILL ``proc`` once ``ready()`` holds: checked whenever the process has run a
+    little longer (waking at once if it exits), then waited for."""
+    import signal
+    import subprocess
+
+    try:
+        while proc.poll() is None and not ready():
+            try:
+                proc.wait(timeout=0.02)
+            except subprocess.TimeoutExpired:
+                pass
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=120)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,3 +109,42 @@ def spawn_all(target, n: int, args, timeout: float = 600) -> list:
         p.join(timeout=timeout)
         assert p.exitcode == 0
     return results
+
+
+class CountingApp:
+    """WSGI middleware: counts requests per method and path at the S3 server."""
+
+    def __init__(self, app):
+        self.app = app
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str]] = []
+
+    def __call__(self, environ, start_response):
+        with self.lock:
+            self.requests.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")))
+        return self.app(environ, start_response)
+
+    def chunk_gets(self) -> int:
+        with self.lock:
+            return sum(1 for m, p in self.requests if m == "GET" and "/c/" in p)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    counter = CountingApp(server._server.app)
+    server._server.app = counter
+    host, port = server.get_host_and_port()
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": f"http://{host}:{port}",
+                                 "region_name": "us-east-1"}}
+    import boto3
+
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing"
+                 ).create_bucket(Bucket="zstore-test")
+    yield options, counter
+    server.stop()

@@ -14,13 +14,12 @@ import zarr
 import zstore
 
 from conftest import spawn_all
-from test_s3 import s3  # noqa: F401  (the moto server fixture)
 
 BUCKET = "zstore-test"
 
 
 @pytest.fixture(scope="module")
-def h5_on_s3(s3, small_h5):  # noqa: F811
+def h5_on_s3(s3, small_h5):
     options, _ = s3
     fs = fsspec.filesystem("s3", **options)
     fs.put_file(small_h5, f"{BUCKET}/corpus.h5")
@@ -45,7 +44,7 @@ def h5_digest(f) -> str:
     return digest.hexdigest()
 
 
-def test_read_cat_file_and_h5py_are_bit_identical(s3, h5_on_s3, small_h5, tmp_path):  # noqa: F811
+def test_read_cat_file_and_h5py_are_bit_identical(s3, h5_on_s3, small_h5, tmp_path):
     options, counter = s3
     fs, cfg = cached(tmp_path, options)
     whole = open(small_h5, "rb").read()
@@ -75,7 +74,7 @@ def _h5_reader(options, path, ram, ssd, barrier, queue):
         queue.put(h5_digest(f))
 
 
-def test_four_processes_read_hdf5_through_one_cache(s3, h5_on_s3, small_h5, tmp_path):  # noqa: F811
+def test_four_processes_read_hdf5_through_one_cache(s3, h5_on_s3, small_h5, tmp_path):
     options, _ = s3
     ram, ssd = str(tmp_path / "ram"), str(tmp_path / "ssd")
     digests = spawn_all(_h5_reader, 4, lambda r, b, q: (options, h5_on_s3, ram, ssd, b, q))
@@ -86,7 +85,7 @@ def test_four_processes_read_hdf5_through_one_cache(s3, h5_on_s3, small_h5, tmp_
     assert zstore.cache_stats(cfg)["origin"]["bytes"] <= size + 64 * 1024
 
 
-def test_fsspec_open_with_a_chained_url(s3, h5_on_s3, small_h5, tmp_path):  # noqa: F811
+def test_fsspec_open_with_a_chained_url(s3, h5_on_s3, small_h5, tmp_path):
     options, _ = s3
     with fsspec.open(f"zstore::s3://{h5_on_s3}", s3=options,
                      zstore={"ram_dir": str(tmp_path / "ram"), "ram_bytes": "64MB",
@@ -94,7 +93,7 @@ def test_fsspec_open_with_a_chained_url(s3, h5_on_s3, small_h5, tmp_path):  # no
         assert f.read() == open(small_h5, "rb").read()
 
 
-def test_zarr_opens_a_store_through_it(s3, small_store, tmp_path):  # noqa: F811
+def test_zarr_opens_a_store_through_it(s3, small_store, tmp_path):
     options, _ = s3
     raw = fsspec.filesystem("s3", **options)
     raw.put(small_store, f"{BUCKET}/plain.zarr", recursive=True)
@@ -110,7 +109,7 @@ def test_zarr_opens_a_store_through_it(s3, small_store, tmp_path):  # noqa: F811
                                   local["utt000001/wav"][:, :5000])
 
 
-def test_a_changed_file_is_never_served_stale(s3, tmp_path):  # noqa: F811
+def test_a_changed_file_is_never_served_stale(s3, tmp_path):
     options, _ = s3
     raw = fsspec.filesystem("s3", **options)
     path = f"{BUCKET}/changing.bin"
@@ -122,7 +121,7 @@ def test_a_changed_file_is_never_served_stale(s3, tmp_path):  # noqa: F811
     assert fs.cat_file(path) == b"b" * 200_000
 
 
-def test_stale_if_error_serves_cached_blocks(s3, tmp_path):  # noqa: F811
+def test_stale_if_error_serves_cached_blocks(s3, tmp_path):
     options, _ = s3
     raw = fsspec.filesystem("s3", **options)
     path = f"{BUCKET}/outage.bin"
@@ -140,7 +139,7 @@ def test_stale_if_error_serves_cached_blocks(s3, tmp_path):  # noqa: F811
         outage.cat_file(path, start=200_000, end=300_000)
 
 
-def test_read_only(s3, h5_on_s3, tmp_path):  # noqa: F811
+def test_read_only(s3, h5_on_s3, tmp_path):
     options, _ = s3
     fs, _ = cached(tmp_path, options)
     with pytest.raises(ValueError, match="read-only"):

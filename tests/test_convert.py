@@ -1,4 +1,3 @@
-import os
 import signal
 import subprocess
 import warnings
@@ -13,7 +12,7 @@ import zstore
 from zstore.layout import MANIFEST_ATTR, Manifest
 from zstore.synthetic import SyntheticSpec, make_synthetic
 
-from conftest import PYTHON, RATES, subprocess_env, write_h5
+from conftest import PYTHON, RATES, kill_when, subprocess_env, write_h5
 
 
 def manifest_of(store) -> Manifest:
@@ -116,16 +115,8 @@ def test_resume_after_sigkill(tmp_path):
            "--rate", "act=100", "--workers", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    try:
-        # Synchronize on the files the converter writes: kill once an item is complete.
-        while proc.poll() is None and not _completed(dst):
-            try:  # wake on the converter's exit, else look at its files again
-                proc.wait(timeout=0.02)
-            except subprocess.TimeoutExpired:
-                pass
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=120)
+    # Synchronize on the files the converter writes: kill once an item is complete.
+    kill_when(proc, lambda: bool(_completed(dst)))
     assert proc.returncode == -signal.SIGKILL, "the converter finished before it was killed"
     done = _completed(dst)
     assert done and MANIFEST_ATTR not in dict(zarr.open_group(dst, mode="r").attrs)

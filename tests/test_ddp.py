@@ -14,19 +14,26 @@ import zstore
 from conftest import PYTHON, REPO, free_port, subprocess_env
 
 
-@pytest.mark.parametrize("loader", ["zstore", "torch"])
-def test_torchrun_two_ranks_share_the_cache(small_store, tmp_path, loader):
+def run_example(store: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """examples/train_ddp.py under torchrun, 2 processes on this machine's shared cache
+    in ``tmp_path``, recording the windows each rank read in ``tmp_path / "record"``."""
     env = subprocess_env()
     env.update(ZSTORE_RAM_DIR=str(tmp_path / "ram"), ZSTORE_RAM_BYTES="64MB",
                ZSTORE_SSD_DIR=str(tmp_path / "ssd"), ZSTORE_SSD_BYTES="64MB",
                OMP_NUM_THREADS="1")
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           str(REPO / "examples" / "train_ddp.py"), small_store, "--epochs", "2",
-           "--workers", "2", "--batch-size", "2", "--window", "2.0", "--seed", "7",
-           "--record", str(tmp_path / "record"), "--loader", loader]
+           str(REPO / "examples" / "train_ddp.py"), store, "--window", "2.0",
+           "--record", str(tmp_path / "record"), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize("loader", ["zstore", "torch"])
+def test_torchrun_two_ranks_share_the_cache(small_store, tmp_path, loader):
+    proc = run_example(small_store, tmp_path, "--epochs", "2", "--workers", "2",
+                       "--batch-size", "2", "--seed", "7", "--loader", loader)
     assert "epoch 1:" in proc.stdout and "windows/s" in proc.stdout
 
     ranks = [json.loads((tmp_path / "record" / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -75,17 +82,8 @@ def test_lightning_datamodule_without_lightning_installed(small_store, cache):
 
 def test_torchrun_two_nodes_keep_their_items(small_store, tmp_path):
     """2 processes as 2 nodes x 1 rank with NodeSampler: each keeps its items every epoch."""
-    env = subprocess_env()
-    env.update(ZSTORE_RAM_DIR=str(tmp_path / "ram"), ZSTORE_RAM_BYTES="64MB",
-               ZSTORE_SSD_DIR=str(tmp_path / "ssd"), ZSTORE_SSD_BYTES="64MB",
-               OMP_NUM_THREADS="1")
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           str(REPO / "examples" / "train_ddp.py"), small_store, "--epochs", "3",
-           "--batch-size", "1", "--window", "2.0", "--seed", "3", "--sampler", "node",
-           "--local-world-size", "1", "--record", str(tmp_path / "record")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_example(small_store, tmp_path, "--epochs", "3", "--batch-size", "1", "--seed", "3",
+                "--sampler", "node", "--local-world-size", "1")
     ranks = [json.loads((tmp_path / "record" / f"rank{r}.json").read_text()) for r in (0, 1)]
     ds = zstore.WindowDataset(small_store, window_seconds=2.0, seed=3, cache=False)
     homes = []

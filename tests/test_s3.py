@@ -4,7 +4,6 @@ and origin faults through the modelled file system."""
 from __future__ import annotations
 
 import subprocess
-import threading
 
 import numpy as np
 import pytest
@@ -16,45 +15,6 @@ from zstore.reader import WindowReader
 from zstore.testing import ModelledFileSystem
 
 from conftest import PYTHON, RATES, subprocess_env
-
-
-class CountingApp:
-    """WSGI middleware: counts requests per method and path at the S3 server."""
-
-    def __init__(self, app):
-        self.app = app
-        self.lock = threading.Lock()
-        self.requests: list[tuple[str, str]] = []
-
-    def __call__(self, environ, start_response):
-        with self.lock:
-            self.requests.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")))
-        return self.app(environ, start_response)
-
-    def chunk_gets(self) -> int:
-        with self.lock:
-            return sum(1 for m, p in self.requests if m == "GET" and "/c/" in p)
-
-
-@pytest.fixture(scope="module")
-def s3():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    counter = CountingApp(server._server.app)
-    server._server.app = counter
-    host, port = server.get_host_and_port()
-    options = {"key": "testing", "secret": "testing",
-               "client_kwargs": {"endpoint_url": f"http://{host}:{port}",
-                                 "region_name": "us-east-1"}}
-    import boto3
-
-    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
-                 aws_access_key_id="testing", aws_secret_access_key="testing"
-                 ).create_bucket(Bucket="zstore-test")
-    yield options, counter
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import zarr
 import zstore
 from zstore.layout import MANIFEST_ATTR
 
-from conftest import PYTHON, RATES, subprocess_env, write_h5
+from conftest import PYTHON, RATES, kill_when, subprocess_env, write_h5
 
 MODES = {
     "no-cache": False,
@@ -195,6 +195,7 @@ def test_reader_refuses_spans_past_the_end(uneven_store):
 # -- 3. the converter: orphans and inference ---------------------------------------------
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="lists child processes as Linux does")
 def test_killed_converter_takes_its_workers_with_it(tmp_path):
     psutil = pytest.importorskip("psutil")
     from zstore.synthetic import SyntheticSpec, make_synthetic
@@ -209,18 +210,13 @@ def test_killed_converter_takes_its_workers_with_it(tmp_path):
                             stderr=subprocess.DEVNULL)
     parent = psutil.Process(proc.pid)
     workers: list = []
-    try:
-        # Synchronize on the workers' first writes: kill once item groups appear.
-        while proc.poll() is None and not (len(workers) >= 2 and any(dst.glob("utt*"))):
-            workers = [c for c in parent.children(recursive=True)
-                       if "spawn" in " ".join(c.cmdline())]
-            try:
-                proc.wait(timeout=0.02)
-            except subprocess.TimeoutExpired:
-                pass
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=120)
+
+    def started() -> bool:  # the workers exist and have begun writing item groups
+        workers[:] = [c for c in parent.children(recursive=True)
+                      if "spawn" in " ".join(c.cmdline())]
+        return len(workers) >= 2 and any(dst.glob("utt*"))
+
+    kill_when(proc, started)
     assert proc.returncode == -signal.SIGKILL, "the converter finished before it was killed"
     assert workers
     gone, alive = psutil.wait_procs(workers, timeout=60)
@@ -348,7 +344,3 @@ def test_bad_cache_options_from_the_cli(small_store, tmp_path):
     proc = cli("cache", "stats", "--ram-dir", str(tmp_path / "r"), "--ram-bytes", "-1")
     assert_one_line_error(proc, "ram_bytes", "negative")
 
-
-if sys.platform != "linux":  # the orphan test relies on /proc-style process listing
-    test_killed_converter_takes_its_workers_with_it = pytest.mark.skip(
-        "Linux only")(test_killed_converter_takes_its_workers_with_it)

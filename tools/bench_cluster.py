@@ -111,7 +111,6 @@ def run(kind: str, store: str, work: str, budget: int, epochs: int) -> dict[str,
 
 
 def main() -> None:
-    import zstore
     from zstore.sizing import field_sizes
     from zstore.store import read_manifest
 
@@ -137,7 +136,6 @@ def main() -> None:
         results.append(r)
         print(json.dumps(r), flush=True)
     write(results, sizes, budget, args.docs)
-    del zstore
 
 
 def write(results: list[dict[str, Any]], sizes: Any, budget: int, docs: str) -> None:

@@ -170,10 +170,10 @@ class WindowReader:
             for name, arr in direct.items():
                 jobs.append(lambda o=out[name], a=arr: np.copyto(o, a))
             for name, layout, span in plan:
-                jobs.append(lambda la=layout, sp=span, o=out[name]:
-                            _assemble(la, sp, pieces, o))
+                jobs.append(lambda la=layout, sp=span, o=out[name], p=pieces:
+                            _assemble(la, sp, p, o))
         (copy or _run_all)(jobs)
-        del jobs, pieces
+        del jobs, pieces  # the fetched pieces go before the heap is trimmed
         self._trim()
 
     def _plan(self, item: str, spans: dict[str, Span | None]

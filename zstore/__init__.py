@@ -7,6 +7,7 @@ node-shared RAM/SSD cache.
 """
 import fsspec as _fsspec
 
+from zstore.append import append
 from zstore.cache import cache_stats, clear_cache
 from zstore.cachedfs import CachedFileSystem, cached_filesystem
 from zstore.collate import collate_pad
@@ -27,7 +28,7 @@ __version__ = "0.1.0"
 # `fsspec.open("zstore::s3://...")` works once zstore is imported; the package's
 # fsspec.specs entry point registers it even before that.
 _fsspec.register_implementation("zstore", CachedFileSystem, clobber=True)
-__all__ = ["cache_stats", "CacheConfig", "cached_filesystem", "CachedFileSystem",
+__all__ = ["append", "cache_stats", "CacheConfig", "cached_filesystem", "CachedFileSystem",
            "CachedStore", "clear_cache", "collate_pad", "ConfigError", "convert",
            "ConvertReport", "DestinationError", "IntegrityError", "LoaderError", "NodeSampler",
            "MissingDataError", "open_store", "OriginError", "parse_size", "ShortItemError",

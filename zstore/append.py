@@ -18,7 +18,8 @@ from typing import Any
 
 import zarr
 
-from zstore.convert import ConvertReport, _Job, _verify, check_options, write_missing
+from zstore.convert import (ConvertReport, _Job, _verify, check_options, cluster_client,
+                            write_missing)
 from zstore.corpus import expand_sources, source_name, stems
 from zstore.errors import SourceError, StoreFormatError
 from zstore.layout import MANIFEST_ATTR, Manifest
@@ -28,8 +29,9 @@ from zstore.source import SourcePlan, plan
 
 def append(src: Any, dst: str | os.PathLike[str], *, workers: int | None = None,
            storage_options: dict[str, Any] | None = None, verify: bool = False,
-           progress: bool = True) -> ConvertReport:
-    """Add the items of ``src`` (files, directories, globs) to the store at ``dst``."""
+           progress: bool = True, dask: Any = None) -> ConvertReport:
+    """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
+    ``dask`` (a client or scheduler address) runs the items on a Dask cluster."""
     t0 = time.perf_counter()
     files, dst = expand_sources(src), os.fspath(dst)
     check_options(1.0, workers)
@@ -43,9 +45,10 @@ def append(src: Any, dst: str | os.PathLike[str], *, workers: int | None = None,
     job = _Job(files[0], dst, storage_options, manifest.arrays, manifest.chunk_seconds,
                manifest.codec)
     workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
-    todo = write_missing(job, source, root, workers, progress, "append")
-    if verify:
-        _verify(job, source, workers, progress)
+    with cluster_client(dask) as client:
+        todo = write_missing(job, source, root, workers, progress, "append", client)
+        if verify:
+            _verify(job, source, workers, progress, client)
     new = _extended(manifest, source, files, store_bytes(dst, storage_options))
     root.attrs.put({**dict(root.attrs), MANIFEST_ATTR: new.to_json()})
     with warnings.catch_warnings():

@@ -84,14 +84,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.append:
         from zstore.append import append
 
-        print(append(args.paths[:-1], args.paths[-1], workers=args.workers,
+        print(append(args.paths[:-1], args.paths[-1], workers=args.workers, dask=args.dask,
                      storage_options=_storage_options(args), verify=args.verify,
                      progress=not args.no_progress))
         return 0
     report = convert(args.paths[:-1], args.paths[-1], rates=_pairs(args.rate, "--rate", float),
                      time_axis=_time_axis(args.time_axis),
                      chunk_seconds=args.chunk_seconds,
-                     codec=args.codec, workers=args.workers,
+                     codec=args.codec, workers=args.workers, dask=args.dask,
                      storage_options=_storage_options(args), verify=args.verify,
                      progress=not args.no_progress, overwrite=args.overwrite)
     print(report)
@@ -218,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "none"],
                    help="compression (default lz4: Blosc lz4 + bitshuffle; crc32c always)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
+    p.add_argument("--dask", metavar="ADDRESS", default=None,
+                   help="run each item as a task on the Dask cluster at this scheduler "
+                        "address (workers need the sources and DST at the same paths/URLs; "
+                        "start them with --nthreads 1)")
     p.add_argument("--verify", action="store_true", help="re-read and compare every array")
     p.add_argument("--overwrite", action="store_true", help="replace what DST holds")
     p.add_argument("--append", action="store_true",

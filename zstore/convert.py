@@ -12,8 +12,9 @@ import threading
 import time
 import uuid
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import zarr
@@ -273,7 +274,12 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any) -> list[Any]:
+def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any,
+         client: Any = None) -> list[Any]:
+    if client is not None:
+        from zstore.cluster import run_tasks
+
+        return run_tasks(client, fn, job, items, bar)
     results = []
     if workers <= 1:
         for it in items:
@@ -314,7 +320,8 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
             rates: dict[str, float] | None = None, time_axis: int | dict[str, int] = -1,
             chunk_seconds: float = 1.0, codec: str = "lz4", workers: int | None = None,
             storage_options: dict[str, Any] | None = None, verify: bool = False,
-            progress: bool = True, overwrite: bool = False) -> ConvertReport:
+            progress: bool = True, overwrite: bool = False,
+            dask: Any = None) -> ConvertReport:
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
 
     Args:
@@ -334,6 +341,9 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
         verify: re-read every array and compare with the source.
         progress: show a progress bar.
         overwrite: replace whatever ``dst`` holds.
+        dask: a ``distributed.Client`` or a scheduler address: run every item as a task
+            on that Dask cluster instead of local processes (``workers`` is then
+            unused). Sources and ``dst`` must be reachable from the workers.
 
     Rerunning after a crash resumes: finished items are kept, the rest are written.
     Rerunning on a finished store of the same source and options does nothing.
@@ -350,43 +360,58 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
                "time_axis": time_axis, "chunk_seconds": chunk_seconds, "codec": codec,
                "layout": LAYOUT}
     fingerprint = corpus_fingerprint(files, options)
-    try:
-        root = _prepare_destination(dst, storage_options, fingerprint, overwrite)
-    except OSError as e:
-        if isinstance(e, DestinationError):
-            raise
-        raise DestinationError(f"{dst}: cannot create the store there ({e}); choose a "
-                               "writable destination") from None
-    total_src = sum(it.nbytes for it in source.items)
-    for s in source.skipped:
-        warnings.warn(f"{src}: skipping {s}", stacklevel=2)
-    job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
-    workers = max(1, min(workers or os.cpu_count() or 1, len(source.items)))
-    if root is None:  # finished earlier from the same source and options
+    with cluster_client(dask) as client:  # before the destination is touched
+        try:
+            root = _prepare_destination(dst, storage_options, fingerprint, overwrite)
+        except OSError as e:
+            if isinstance(e, DestinationError):
+                raise
+            raise DestinationError(f"{dst}: cannot create the store there ({e}); choose a "
+                                   "writable destination") from None
+        total_src = sum(it.nbytes for it in source.items)
+        for s in source.skipped:
+            warnings.warn(f"{src}: skipping {s}", stacklevel=2)
+        job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
+        workers = max(1, min(workers or os.cpu_count() or 1, len(source.items)))
+        if root is None:  # finished earlier from the same source and options
+            if verify:
+                _verify(job, source, workers, progress, client)
+            report = _report(source, dst, storage_options, t0, 0, total_src)
+            report.verified, report.sources = verify, files
+            return report
+        todo = write_missing(job, source, root, workers, progress, "convert", client)
+        manifest = _manifest(source, codec, chunk_seconds, fingerprint,
+                             store_bytes(dst, storage_options))
         if verify:
-            _verify(job, source, workers, progress)
-        report = _report(source, dst, storage_options, t0, 0, total_src)
-        report.verified, report.sources = verify, files
-        return report
-    todo = write_missing(job, source, root, workers, progress, "convert")
-    manifest = _manifest(source, codec, chunk_seconds, fingerprint,
-                         store_bytes(dst, storage_options))
-    if verify:
-        _verify(job, source, workers, progress)
-    root.attrs.put({MANIFEST_ATTR: manifest.to_json()})
-    with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec" (yet)
-        warnings.simplefilter("ignore", category=UserWarning)
-        zarr.consolidate_metadata(zarr_store(dst, storage_options, read_only=False))
+            _verify(job, source, workers, progress, client)
+        root.attrs.put({MANIFEST_ATTR: manifest.to_json()})
+        with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec" (yet)
+            warnings.simplefilter("ignore", category=UserWarning)
+            zarr.consolidate_metadata(zarr_store(dst, storage_options, read_only=False))
     report = _report(source, dst, storage_options, t0, len(todo), total_src)
     report.verified, report.store_id = verify, manifest.store_id
     report.sources = files
     return report
 
 
-def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool) -> None:
+@contextmanager
+def cluster_client(dask: Any) -> Iterator[Any]:
+    """The Dask client to run tasks on, or None for the local process pool."""
+    if dask is None:
+        yield None
+        return
+    from zstore.cluster import connected
+
+    with connected(dask) as client:
+        yield client
+
+
+def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool,
+            client: Any = None) -> None:
     bar = _Progress(len(source.items), "verify", progress)
     try:
-        problems = [p for ps in _run(_verify_item, job, source.items, workers, bar) for p in ps]
+        problems = [p for ps in _run(_verify_item, job, source.items, workers, bar, client)
+                    for p in ps]
     finally:
         bar.close()
     if problems:
@@ -396,14 +421,14 @@ def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool) -> None
 
 
 def write_missing(job: _Job, source: SourcePlan, root: zarr.Group, workers: int,
-                  progress: bool, desc: str) -> list[SourceItem]:
+                  progress: bool, desc: str, client: Any = None) -> list[SourceItem]:
     """Write the items of ``source`` not yet complete in ``root``; the ones written."""
     done = _finished_items(root)
     todo = [it for it in source.items if it.name not in done]
     bar = _Progress(len(source.items), desc, progress)
     bar.update(len(source.items) - len(todo), 0)
     try:
-        _run(_write_item, job, todo, workers, bar)
+        _run(_write_item, job, todo, workers, bar, client)
     finally:
         bar.close()
     return todo

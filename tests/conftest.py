@@ -148,3 +148,21 @@ def s3():
                  ).create_bucket(Bucket="zstore-test")
     yield options, counter
     server.stop()
+
+
+def manifest_of(store):
+    """The store's manifest, as readers see it."""
+    from zstore.manifests import read_manifest
+
+    return read_manifest(str(store), None)[0]
+
+
+def edit_header(store, edit) -> None:
+    """Change the root header of a store (``edit(header) -> header``), as another tool
+    writing the store would."""
+    import zarr
+
+    from zstore.layout import MANIFEST_ATTR
+
+    root = zarr.open_group(str(store), mode="r+", use_consolidated=False)
+    root.attrs[MANIFEST_ATTR] = edit(dict(root.attrs[MANIFEST_ATTR]))

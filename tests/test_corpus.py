@@ -7,9 +7,8 @@ import pytest
 import zarr
 
 import zstore
-from zstore.layout import MANIFEST_ATTR
 
-from conftest import write_h5
+from conftest import manifest_of, write_h5
 from test_cli import zstore_cli
 
 
@@ -37,14 +36,14 @@ def test_a_directory_of_files_with_overlapping_group_names(tmp_path):
                             progress=False, verify=True)
     assert report.items == 4 and len(report.sources) == 3 and "sources: 3 file(s)" in str(report)
     root = zarr.open_group(dst, mode="r")
-    manifest = root.attrs[MANIFEST_ATTR]
-    assert manifest["items"] == ["a/rec0", "a/rec1", "b/rec0", "c/spk/rec9"]
-    assert len(manifest["sources"]) == 3
+    manifest = manifest_of(dst)
+    assert list(manifest.items) == ["a/rec0", "a/rec1", "b/rec0", "c/spk/rec9"]
+    assert len(manifest.extra["sources"]) == 3
     for stem, groups in data.items():
         for group, arrays in groups.items():
             assert np.array_equal(root[f"{stem}/{group}/wav"][...], arrays["wav"])
     ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=False)
-    assert sorted(ds[i]["item"] for i in range(len(ds))) == manifest["items"]
+    assert sorted(ds[i]["item"] for i in range(len(ds))) == list(manifest.items)
 
 
 def test_globs_and_lists_on_the_command_line(tmp_path):
@@ -54,7 +53,7 @@ def test_globs_and_lists_on_the_command_line(tmp_path):
                       str(tmp_path / "corpus" / "day2" / "c.h5"), str(dst), "--rate",
                       "wav=16000", "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    items = zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]["items"]
+    items = list(manifest_of(dst).items)
     assert items == ["a/rec0", "a/rec1", "c/spk/rec9"]
     again = zstore_cli("convert", str(tmp_path / "corpus" / "*.h5"),
                        str(tmp_path / "corpus" / "day2" / "c.h5"), str(dst), "--rate",
@@ -67,7 +66,7 @@ def test_one_file_keeps_plain_group_names(tmp_path):
     dst = tmp_path / "one.zarr"
     zstore.convert([tmp_path / "corpus" / "a.h5"], dst, rates={"wav": 16000}, workers=1,
                    progress=False)
-    assert zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]["items"] == ["rec0", "rec1"]
+    assert list(manifest_of(dst).items) == ["rec0", "rec1"]
 
 
 def test_bad_source_lists(tmp_path):
@@ -137,16 +136,16 @@ def test_append_while_a_reader_stays_open(tmp_path):
     corpus = tmp_path / "corpus"
     zstore.convert([corpus / "a.h5", corpus / "b.hdf5"], dst, rates={"wav": 16000},
                    workers=1, progress=False)
-    before = zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]
+    before = manifest_of(dst)
     cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
     reader = zstore.WindowDataset(dst, window_seconds=1.0, cache=cfg)
     first = [reader[i]["wav"].clone() for i in range(len(reader))]
     proc = zstore_cli("convert", str(corpus / "day2" / "c.h5"), str(dst), "--append",
                       "--verify", "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    after = zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]
-    assert after["store_id"] == before["store_id"]  # cached chunks stay valid
-    assert after["items"] == before["items"] + ["c/spk/rec9"]
+    after = manifest_of(dst)
+    assert after.store_id == before.store_id  # cached chunks stay valid
+    assert list(after.items) == list(before.items) + ["c/spk/rec9"]
     assert len(reader) == 3 and all(  # the open reader keeps its view
         torch_equal(reader[i]["wav"], first[i]) for i in range(3))
     fresh = zstore.WindowDataset(dst, window_seconds=1.0, cache=cfg)
@@ -158,7 +157,7 @@ def test_append_while_a_reader_stays_open(tmp_path):
     # the same again: its item exists now; nothing changes
     again = zstore_cli("convert", str(corpus / "day2" / "c.h5"), str(dst), "--append")
     assert again.returncode == 2 and "'c/spk/rec9'" in again.stderr
-    assert zarr.open_group(dst, mode="r").attrs[MANIFEST_ATTR]["items"] == after["items"]
+    assert list(manifest_of(dst).items) == list(after.items)
 
 
 def test_append_refuses_and_leaves_the_store_untouched(tmp_path):

@@ -11,12 +11,10 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-import zarr
 
 import zstore
-from zstore.layout import MANIFEST_ATTR
 
-from conftest import PYTHON, subprocess_env, write_h5
+from conftest import PYTHON, edit_header, subprocess_env, write_h5
 from test_cli import zstore_cli
 
 
@@ -36,12 +34,8 @@ def test_a_store_without_time_arrays_says_how_to_reconvert(small_store, tmp_path
 
     store = tmp_path / "s.zarr"
     shutil.copytree(small_store, store)
-    root = zarr.open_group(store, mode="r+")
-    manifest = dict(root.attrs[MANIFEST_ATTR])
-    manifest["arrays"] = {n: {"rate": None, "time_axis": None} for n in manifest["arrays"]}
-    manifest["lengths"] = {}
-    root.attrs[MANIFEST_ATTR] = manifest
-    zarr.consolidate_metadata(store)
+    edit_header(store, lambda h: {**h, "arrays": {
+        n: {**a, "rate": None, "time_axis": None} for n, a in h["arrays"].items()}})
     with pytest.raises(zstore.ConfigError, match="no time arrays.*reconvert.*--rate"):
         zstore.WindowDataset(store, cache=False)
 

@@ -15,9 +15,8 @@ import pytest
 import zarr
 
 import zstore
-from zstore.layout import MANIFEST_ATTR
 
-from conftest import PYTHON, RATES, kill_when, subprocess_env, write_h5
+from conftest import PYTHON, RATES, edit_header, kill_when, subprocess_env, write_h5
 
 MODES = {
     "no-cache": False,
@@ -117,11 +116,7 @@ def test_silence_is_written_and_read_as_zeros(tmp_path):
 def test_stores_without_the_written_mark_keep_zarr_semantics(store_copy, tmp_path):
     """Stores of other writers (no 'all_chunks_written' in the manifest): a missing chunk
     is the fill value, as in zarr."""
-    root = zarr.open_group(store_copy, mode="r+")
-    manifest = dict(root.attrs[MANIFEST_ATTR])
-    manifest.pop("all_chunks_written")
-    root.attrs[MANIFEST_ATTR] = manifest
-    zarr.consolidate_metadata(store_copy)
+    edit_header(store_copy, lambda h: {k: v for k, v in h.items() if k != "all_chunks_written"})
     os.unlink(store_copy / "utt000003" / "wav" / "c" / "0" / "0")
     ds = zstore.WindowDataset(store_copy, window_seconds=1.0, cache=False)
     assert ds[ds._items.index("utt000003")]["wav"].abs().max() == 0

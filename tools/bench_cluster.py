@@ -112,7 +112,7 @@ def run(kind: str, store: str, work: str, budget: int, epochs: int) -> dict[str,
 
 def main() -> None:
     from zstore.sizing import field_sizes
-    from zstore.store import read_manifest
+    from zstore.manifests import read_manifest
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", default="bench-data/budget")

@@ -1,4 +1,5 @@
-"""One helper for the benchmark tools: put a tool's section into docs/benchmarks.md."""
+"""Helpers for the benchmark tools: a tool's section of docs/benchmarks.md, and a
+process's private memory."""
 
 from __future__ import annotations
 
@@ -17,3 +18,13 @@ def replace_section(docs: str, begin: str, end: str, section: str) -> None:
         text = text.rstrip() + "\n\n" + section + "\n"
     with open(path, "w") as f:
         f.write(text)
+
+
+def private_bytes() -> int:
+    """This process's private memory (Private_Clean + Private_Dirty), in bytes."""
+    out = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                out += int(line.split()[1]) * 1024
+    return out

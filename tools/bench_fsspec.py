@@ -27,19 +27,10 @@ import numpy as np
 MiB = 2**20
 S3 = {"latency": 0.020, "bandwidth": 100e6}
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_docs import replace_section  # noqa: E402
+from bench_docs import private_bytes, replace_section  # noqa: E402
 
 MARK_BEGIN = "<!-- fsspec layer: begin (tools/bench_fsspec.py) -->"
 MARK_END = "<!-- fsspec layer: end -->"
-
-
-def private_bytes() -> int:
-    out = 0
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                out += int(line.split()[1]) * 1024
-    return out
 
 
 def make_fs(kind: str, work: str) -> tuple[Any, Any]:

@@ -4,26 +4,28 @@ The store keeps its codec, chunking, rates, time axes and store id, so every chu
 its existing items stays valid in every cache.  New items are named the way the store
 names its items (``<file stem>/<group>`` when it was made from several files).  A name
 that exists already is refused, naming it, before anything is written.  The new
-manifest is published last, in one write of the root metadata: a reader opened before
-keeps its view, a new one sees the new items.  Rerun the same command after a crash
-to finish it.
+manifest is published last: a new item table, then the root metadata in one write (no
+consolidated metadata).  A reader opened before keeps its view, a new one sees the new
+items.  Appending to a format-1 store writes a format-2 manifest.  Rerun the same
+command after a crash to finish it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-import warnings
 from typing import Any
 
-import zarr
+import numpy as np
 
 from zstore.convert import (ConvertReport, _Job, _verify, check_options, cluster_client,
-                            write_missing)
+                            with_dtypes, write_missing)
 from zstore.corpus import expand_sources, source_name, stems
 from zstore.errors import SourceError, StoreFormatError
-from zstore.layout import MANIFEST_ATTR, Manifest
-from zstore.origin import store_bytes, zarr_store
+from zstore.layout import Manifest
+from zstore.manifests import ArrayMetas, build, current_shapes, publish, read_manifest, shape_rows
+from zstore.origin import store_bytes
 from zstore.source import SourcePlan, plan
 
 
@@ -36,24 +38,20 @@ def append(src: Any, dst: str | os.PathLike[str], *, workers: int | None = None,
     files, dst = expand_sources(src), os.fspath(dst)
     check_options(1.0, workers)
     try:
-        root = zarr.open_group(zarr_store(dst, storage_options, read_only=False), mode="r+")
-        manifest = Manifest.from_json(dict(root.attrs).get(MANIFEST_ATTR), dst)
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
+        manifest, metas = read_manifest(dst, storage_options)
+    except StoreFormatError as e:
         raise StoreFormatError(f"{dst}: no finished zstore store to append to; convert the "
-                               "first files without --append") from None
+                               f"first files without --append ({e})") from None
     source = _plan_new(files, manifest, dst)
     job = _Job(files[0], dst, storage_options, manifest.arrays, manifest.chunk_seconds,
                manifest.codec)
     workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
     with cluster_client(dask) as client:
-        todo = write_missing(job, source, root, workers, progress, "append", client)
+        todo = write_missing(job, source, workers, progress, "append", client)
         if verify:
             _verify(job, source, workers, progress, client)
-    new = _extended(manifest, source, files, store_bytes(dst, storage_options))
-    root.attrs.put({**dict(root.attrs), MANIFEST_ATTR: new.to_json()})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=UserWarning)
-        zarr.consolidate_metadata(zarr_store(dst, storage_options, read_only=False))
+    new, table = _extended(manifest, metas, source, files, store_bytes(dst, storage_options))
+    publish(dst, storage_options, new.header(), table)
     total = sum(it.nbytes for it in source.items)
     return ConvertReport(items=len(new.items), converted=len(todo),
                          already_done=len(new.items) - len(todo), source_bytes=total,
@@ -97,25 +95,24 @@ def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     return source
 
 
-def _extended(manifest: Manifest, source: SourcePlan, files: list[str],
-              nbytes: int) -> Manifest:
+def _extended(manifest: Manifest, metas: ArrayMetas, source: SourcePlan, files: list[str],
+              nbytes: int) -> tuple[Manifest, dict[str, bytes]]:
     """The store's manifest with the new items after the old ones (same store id)."""
-    offset = len(manifest.items)
-    lengths = {n: list(v) for n, v in manifest.lengths.items()}
-    present = {n: list(v) for n, v in manifest.present.items()}
-    for name in lengths:
-        lengths[name] += [source.length(it, name) if name in it.shapes else -1
-                          for it in source.items]
-    for name in manifest.arrays:
-        have = [offset + i for i, it in enumerate(source.items) if name in it.shapes]
-        if name in present or len(have) < len(source.items):
-            present[name] = present.get(name, list(range(offset))) + have
+    old_shapes, old_present = current_shapes(manifest, metas)
+    new_shapes, new_present = shape_rows([it.shapes for it in source.items], manifest.arrays)
+    n_old, n_new = len(manifest.items), len(source.items)
+    shapes = {n: np.concatenate([old_shapes[n], new_shapes[n]]) for n in manifest.arrays}
+    present = {n: np.concatenate([old_present.get(n, np.ones(n_old, dtype=bool)),
+                                  new_present.get(n, np.ones(n_new, dtype=bool))])
+               for n in set(old_present) | set(new_present)}
+    arrays = dict(manifest.arrays)
+    for name, info in with_dtypes(source).items():
+        if arrays[name].dtype is None and info.dtype is not None:
+            arrays[name] = dataclasses.replace(arrays[name], dtype=info.dtype)
     extra = dict(manifest.extra)
     extra["sources"] = list(extra.get("sources", [])) + [source_name(f) for f in files]
     extra["store_bytes"] = nbytes
-    return Manifest(store_id=manifest.store_id, arrays=manifest.arrays,
-                    items=manifest.items + [it.name for it in source.items], lengths=lengths,
-                    codec=manifest.codec, chunk_seconds=manifest.chunk_seconds,
-                    all_chunks_written=manifest.all_chunks_written, present=present,
-                    extra=extra)
-
+    return build(store_id=manifest.store_id, arrays=arrays,
+                 names=list(manifest.items) + [it.name for it in source.items],
+                 shapes=shapes, present=present, codec=manifest.codec,
+                 chunk_seconds=manifest.chunk_seconds, extra=extra)

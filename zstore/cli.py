@@ -106,6 +106,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from zstore.manifests import read_manifest, upgrade
+
+    before = read_manifest(args.store, _storage_options(args))[0]
+    if before.shapes is not None:
+        print(f"{args.store}: already format 2; nothing to do")
+        return 0
+    new = upgrade(args.store, _storage_options(args))
+    print(f"{args.store}: manifest rewritten as format 2 ({len(new.items)} items, store id "
+          f"{new.store_id} kept; no chunk was touched)")
+    return 0
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from zstore.cache import cache_stats, clear_cache, mark_stats
 
@@ -236,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _remote_options(p)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("upgrade", help="rewrite an older store's manifest in the current "
+                       "format (metadata only)")
+    p.add_argument("store", help="store path or fsspec URL")
+    _remote_options(p)
+    p.set_defaults(func=cmd_upgrade)
 
     p = sub.add_parser("cache", help="inspect, clear or warm the node's cache tiers")
     csub = p.add_subparsers(dest="cache_command", required=True)

@@ -1,6 +1,6 @@
 """Conversion tasks on an existing Dask distributed cluster (``--dask ADDRESS``).
 
-Each item is one task; a task writes only its own item's arrays, so every shard has
+Each batch of items is one task; a task writes only its own items' arrays, so every shard has
 one writer (two writers of parts of one shard lose data: zarr-python #3682).  h5py
 serialises calls within a process, so workers should run one thread each
 (``dask worker --nthreads 1 --nworkers N``); a warning says so otherwise.  Sources and
@@ -59,19 +59,21 @@ def check_workers(client: Any) -> int:
     return len(threads)
 
 
-def run_tasks(client: Any, fn: Callable[..., Any], job: Any, items: Sequence[Any],
+def run_tasks(client: Any, fn: Callable[..., Any], job: Any, batches: Sequence[list[Any]],
               bar: Any) -> list[Any]:
-    """``fn(job, item)`` for every item as a task; results in completion order.  The
-    first failure cancels the rest and is raised here, as the local pool does."""
+    """``fn(job, batch)`` for every batch of items as a task; the elements of its
+    results, in completion order.  The first failure cancels the rest and is raised
+    here, as the local pool does."""
     import distributed
 
     check_workers(client)
-    futures = {client.submit(fn, job, it, pure=False): it for it in items}
-    results = []
+    futures = {client.submit(fn, job, batch, pure=False): batch for batch in batches}
+    results: list[Any] = []
     try:
         for fut in distributed.as_completed(list(futures)):
-            results.append(fut.result())
-            bar.update(1, futures[fut].nbytes)
+            results += fut.result()
+            batch = futures[fut]
+            bar.update(len(batch), sum(it.nbytes for it in batch))
     except BaseException:
         client.cancel(list(futures))
         raise

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
+import json
 import ctypes
 import math
 import multiprocessing as mp
@@ -22,11 +24,13 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from zstore.config import format_size
 from zstore.errors import DestinationError, SourceError, StoreFormatError
-from zstore.layout import (DONE_ATTR, MANIFEST_ATTR, PROGRESS_ATTR, ArrayInfo, Manifest,
-                           chunk_length, shard_length, step_nbytes)
+from zstore.layout import DONE_ATTR, MANIFEST_ATTR, PROGRESS_ATTR, ArrayInfo, Manifest
 from zstore.origin import store_bytes, zarr_store
 from zstore.corpus import expand_sources
 from zstore.corpus import fingerprint as corpus_fingerprint
+from zstore.manifests import build, geometry, publish, shape_rows
+from zstore.objects import (ObjectWriter, array_meta, data_type, dumps, encode_array, group_meta,
+                            handles)
 from zstore.source import SourceItem, SourcePlan, open_source, plan
 
 CODECS = ("lz4", "zstd", "none")
@@ -156,18 +160,6 @@ def _attrs(obj: Any) -> dict[str, Any]:
     return {k: _json_attr(v) for k, v in obj.attrs.items()}
 
 
-def _array_geometry(shape: tuple[int, ...], info: ArrayInfo, chunk_seconds: float,
-                    itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    if info.rate is None or not shape:
-        return tuple(max(1, s) for s in shape), None
-    axis = info.time_axis
-    chunk, shard = list(shape), list(shape)
-    chunk[axis] = chunk_length(info.rate, chunk_seconds, shape[axis],
-                               step_nbytes(shape, axis, itemsize))
-    shard[axis] = shard_length(chunk[axis], shape[axis])
-    return tuple(max(1, c) for c in chunk), tuple(max(1, s) for s in shard)
-
-
 @dataclass(frozen=True)
 class _Job:
     src: str
@@ -178,53 +170,145 @@ class _Job:
     codec: str
 
 
-def _write_item(job: _Job, item: SourceItem) -> int:
-    """Write one item; mark it complete only after all its arrays are written."""
-    root = zarr.open_group(zarr_store(job.dst, job.storage_options, read_only=False), mode="r+")
-    with open_source(item.source) as f:
-        src_group = f[item.group]
-        group = root.require_group(item.name)
-        group.attrs.put(_attrs(src_group))
+def _geometry(shape: tuple[int, ...], info: ArrayInfo, chunk_seconds: float,
+              itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    return geometry(shape, info.rate, info.time_axis, chunk_seconds, itemsize)
+
+
+def _read(src_group: Any, item: SourceItem, name: str) -> np.ndarray:
+    try:
+        return src_group[name][()]
+    except (OSError, RuntimeError) as e:
+        raise SourceError(f"{item.source}: reading '{item.group}/{name}' failed ({e}); the "
+                          "file may be truncated or corrupt: re-copy it") from None
+
+
+def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
+    """Write a batch of items (one task); each is marked complete only after all its
+    arrays are written.  Arrays of the converter's usual form are encoded here
+    (:mod:`zstore.objects`); others go through zarr's API."""
+    writer = ObjectWriter(job.dst, job.storage_options)
+    root: Any = None
+    out = []
+    for item, src_group in _groups(items):
+        objects: dict[str, bytes] = {}
+        by_zarr = []
         for name in item.shapes:
             ds = src_group[name]
-            try:
-                data = ds[()]
-            except (OSError, RuntimeError) as e:
-                raise SourceError(f"{item.source}: reading '{item.group}/{name}' failed ({e}); the "
-                                  "file may be truncated or corrupt: re-copy it") from None
-            chunks, shards = _array_geometry(tuple(ds.shape), job.arrays[name],
-                                             job.chunk_seconds, ds.dtype.itemsize)
-            arr = group.create_array(
-                name, shape=ds.shape, dtype=ds.dtype, chunks=chunks, shards=shards,
-                compressors=compressors(job.codec), fill_value=0, overwrite=True,
-                attributes=_attrs(ds), config={"write_empty_chunks": True})
-            if data.size:
-                arr[...] = data
-        group.attrs.update({DONE_ATTR: True})
-    return item.nbytes
+            shape, dtype = tuple(ds.shape), ds.dtype
+            chunks, shards = _geometry(shape, job.arrays[name], job.chunk_seconds, dtype.itemsize)
+            if not handles(job.codec, dtype, shape):
+                by_zarr.append(name)
+                continue
+            data = _read(src_group, item, name)
+            axis = job.arrays[name].time_axis
+            prefix = f"{item.name}/{name}/"
+            objects[prefix + "zarr.json"] = dumps(array_meta(
+                shape, dtype, chunks, shards, job.codec, _attrs(ds)))
+            for key, blob in encode_array(data, chunks, shards, job.codec,
+                                          -1 if axis is None else axis).items():
+                objects[prefix + key] = blob
+        _parents(writer, item.name)
+        writer.put(objects)
+        if by_zarr:
+            if root is None:
+                root = zarr.open_group(zarr_store(job.dst, job.storage_options,
+                                                  read_only=False), mode="r+")
+            _write_by_zarr(job, root, src_group, item, by_zarr)
+        writer.put({f"{item.name}/zarr.json":
+                    group_meta({**_attrs(src_group), DONE_ATTR: True})})
+        out.append(item.nbytes)
+    return out
 
 
-def _verify_item(job: _Job, item: SourceItem) -> list[str]:
-    # not the consolidated metadata: it is written last, after verification
-    root = zarr.open_group(zarr_store(job.dst, job.storage_options, read_only=True), mode="r",
-                           use_consolidated=False)
+def _groups(items: list[SourceItem]) -> Iterator[tuple[SourceItem, Any]]:
+    """Each item with its HDF5 group, every source file opened once."""
+    by_file: dict[str, list[SourceItem]] = {}
+    for it in items:
+        by_file.setdefault(it.source, []).append(it)
+    for source_file, batch in by_file.items():
+        with open_source(source_file) as f:
+            for item in batch:
+                yield item, f[item.group]
+
+
+def _parents(writer: ObjectWriter, name: str) -> None:
+    """Groups above a nested item (``spk/rec9``): Zarr v3 has no implicit groups."""
+    parts = name.split("/")[:-1]
+    for k in range(1, len(parts) + 1):
+        key = "/".join(parts[:k]) + "/zarr.json"
+        if key not in writer.written_groups and not writer.exists(key):
+            writer.put({key: group_meta({})})
+        writer.written_groups.add(key)
+
+
+def _write_by_zarr(job: _Job, root: zarr.Group, src_group: Any, item: SourceItem,
+                   names: list[str]) -> None:
+    group = root.require_group(item.name)
+    for name in names:
+        ds = src_group[name]
+        data = _read(src_group, item, name)
+        chunks, shards = _geometry(tuple(ds.shape), job.arrays[name], job.chunk_seconds,
+                                   ds.dtype.itemsize)
+        arr = group.create_array(
+            name, shape=ds.shape, dtype=ds.dtype, chunks=chunks, shards=shards,
+            compressors=compressors(job.codec), fill_value=0, overwrite=True,
+            attributes=_attrs(ds), config={"write_empty_chunks": True})
+        if data.size:
+            arr[...] = data
+
+
+def _verify_items(job: _Job, items: list[SourceItem]) -> list[str]:
+    """Problems found comparing a batch of items with the source.  Arrays of the
+    converter's usual form are compared object by object with the source encoded again
+    (the encoding is deterministic and equals zarr's); others are read back by zarr."""
+    writer = ObjectWriter(job.dst, job.storage_options)
+    root: Any = None
     problems = []
-    with open_source(item.source) as f:
+    for item, src_group in _groups(items):
         for name in item.shapes:
-            expected = f[item.group][name][()]
+            expected = _read(src_group, item, name)
+            where = f"{item.name}/{name}"
+            if handles(job.codec, expected.dtype, expected.shape):
+                problems += _compare_objects(job, writer, where, name, expected)
+                continue
+            if root is None:
+                root = zarr.open_group(zarr_store(job.dst, job.storage_options,
+                                                  read_only=True), mode="r",
+                                       use_consolidated=False)
             try:
-                got = root[f"{item.name}/{name}"][...]
-            except Exception as e:  # a checksum or codec failure is a finding, not a crash
-                problems.append(f"{item.name}/{name}: cannot be read back ({e})")
+                got = root[where][...]
+            except Exception as e:  # a checksum or codec failure is a finding
+                problems.append(f"{where}: cannot be read back ({e})")
                 continue
             if got.shape != expected.shape or got.tobytes() != expected.tobytes():
-                problems.append(f"{item.name}/{name}: values differ from the source")
+                problems.append(f"{where}: values differ from the source")
     return problems
 
 
+def _compare_objects(job: _Job, writer: ObjectWriter, where: str, name: str,
+                     data: np.ndarray) -> list[str]:
+    info = job.arrays[name]
+    chunks, shards = _geometry(data.shape, info, job.chunk_seconds, data.dtype.itemsize)
+    want = encode_array(data, chunks, shards, job.codec,
+                        -1 if info.time_axis is None else info.time_axis)
+    got = writer.read_many([f"{where}/{k}" for k in want])
+    meta = writer.read_many([f"{where}/zarr.json"])
+    if not meta:
+        return [f"{where}: cannot be read back (its zarr.json is missing)"]
+    missing = [k for k in want if f"{where}/{k}" not in got]
+    if missing:
+        return [f"{where}: cannot be read back (object {missing[0]} is missing)"]
+    if any(got[f"{where}/{k}"] != v for k, v in want.items()):
+        return [f"{where}: values differ from the source (a stored object differs)"]
+    return []
+
+
 def _prepare_destination(dst: str, storage_options: dict[str, Any] | None,
-                         fingerprint: dict[str, Any], overwrite: bool) -> zarr.Group | None:
-    """Open or create the root; return None when the store is already finished."""
+                         fingerprint: dict[str, Any], overwrite: bool
+                         ) -> tuple[zarr.Group | None, bool]:
+    """Open or create the root (None when the store is already finished), and whether
+    it was created just now."""
     store = zarr_store(dst, storage_options, read_only=False)
     try:
         root = zarr.open_group(store, mode="r+")
@@ -233,9 +317,9 @@ def _prepare_destination(dst: str, storage_options: dict[str, Any] | None,
         root, attrs = None, None
     if root is not None and not overwrite:
         if attrs.get(MANIFEST_ATTR, {}).get("fingerprint") == fingerprint:
-            return None
+            return None, False
         if attrs.get(PROGRESS_ATTR) == fingerprint:
-            return root
+            return root, False
         what = ("a zstore store of another source or other options"
                 if MANIFEST_ATTR in attrs or PROGRESS_ATTR in attrs else "a Zarr hierarchy")
         raise DestinationError(f"{dst} already holds {what}; pass --overwrite to replace it")
@@ -244,7 +328,7 @@ def _prepare_destination(dst: str, storage_options: dict[str, Any] | None,
                                "or choose a new destination")
     root = zarr.open_group(store, mode="w")
     root.attrs.put({PROGRESS_ATTR: fingerprint})
-    return root
+    return root, True
 
 
 def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
@@ -274,26 +358,48 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+#: A task is a batch of items: at most this many, and this many source bytes, so
+#: small items do not pay a process round trip and a file open each.
+BATCH_ITEMS, BATCH_BYTES = 256, 64 * 2**20
+
+
+def batches(items: list[SourceItem], workers: int) -> list[list[SourceItem]]:
+    """Items in source order, cut into tasks: several per worker, so they balance."""
+    most = max(1, min(BATCH_ITEMS, math.ceil(len(items) / (4 * max(1, workers)))))
+    out: list[list[SourceItem]] = []
+    nbytes = 0
+    for it in items:
+        if not out or len(out[-1]) >= most or nbytes + it.nbytes > BATCH_BYTES:
+            out.append([])
+            nbytes = 0
+        out[-1].append(it)
+        nbytes += it.nbytes
+    return out
+
+
 def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any,
          client: Any = None) -> list[Any]:
+    """``fn(job, batch)`` over batches of ``items``; its lists' elements, concatenated."""
+    tasks = batches(items, workers if client is None else len(client.nthreads()) or 1)
     if client is not None:
         from zstore.cluster import run_tasks
 
-        return run_tasks(client, fn, job, items, bar)
-    results = []
+        return run_tasks(client, fn, job, tasks, bar)
+    results: list[Any] = []
     if workers <= 1:
-        for it in items:
-            results.append(fn(job, it))
-            bar.update(1, it.nbytes)
+        for batch in tasks:
+            results += fn(job, batch)
+            bar.update(len(batch), sum(it.nbytes for it in batch))
         return results
     ctx = mp.get_context("spawn")  # HDF5 handles do not survive fork
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                 initializer=_die_with_parent,
                                 initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(fn, job, it): it for it in items}
+        futures = {pool.submit(fn, job, batch): batch for batch in tasks}
         for fut in cf.as_completed(futures):
-            results.append(fut.result())
-            bar.update(1, futures[fut].nbytes)
+            results += fut.result()
+            batch = futures[fut]
+            bar.update(len(batch), sum(it.nbytes for it in batch))
     return results
 
 
@@ -362,7 +468,7 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
     fingerprint = corpus_fingerprint(files, options)
     with cluster_client(dask) as client:  # before the destination is touched
         try:
-            root = _prepare_destination(dst, storage_options, fingerprint, overwrite)
+            root, fresh = _prepare_destination(dst, storage_options, fingerprint, overwrite)
         except OSError as e:
             if isinstance(e, DestinationError):
                 raise
@@ -379,15 +485,13 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
             report = _report(source, dst, storage_options, t0, 0, total_src)
             report.verified, report.sources = verify, files
             return report
-        todo = write_missing(job, source, root, workers, progress, "convert", client)
-        manifest = _manifest(source, codec, chunk_seconds, fingerprint,
-                             store_bytes(dst, storage_options))
+        todo = write_missing(job, source, workers, progress, "convert", client,
+                             fresh=fresh)
+        manifest, table = _manifest(source, codec, chunk_seconds, fingerprint,
+                                    store_bytes(dst, storage_options))
         if verify:
             _verify(job, source, workers, progress, client)
-        root.attrs.put({MANIFEST_ATTR: manifest.to_json()})
-        with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec" (yet)
-            warnings.simplefilter("ignore", category=UserWarning)
-            zarr.consolidate_metadata(zarr_store(dst, storage_options, read_only=False))
+        publish(dst, storage_options, manifest.header(), table)
     report = _report(source, dst, storage_options, t0, len(todo), total_src)
     report.verified, report.store_id = verify, manifest.store_id
     report.sources = files
@@ -410,8 +514,7 @@ def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool,
             client: Any = None) -> None:
     bar = _Progress(len(source.items), "verify", progress)
     try:
-        problems = [p for ps in _run(_verify_item, job, source.items, workers, bar, client)
-                    for p in ps]
+        problems = _run(_verify_items, job, source.items, workers, bar, client)
     finally:
         bar.close()
     if problems:
@@ -420,39 +523,52 @@ def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool,
                                f"{more}; rerun with --overwrite to convert again")
 
 
-def write_missing(job: _Job, source: SourcePlan, root: zarr.Group, workers: int,
-                  progress: bool, desc: str, client: Any = None) -> list[SourceItem]:
-    """Write the items of ``source`` not yet complete in ``root``; the ones written."""
-    done = _finished_items(root)
+def write_missing(job: _Job, source: SourcePlan, workers: int, progress: bool, desc: str,
+                  client: Any = None, fresh: bool = False) -> list[SourceItem]:
+    """Write the items of ``source`` not yet complete in the store (none are when it is
+    ``fresh``); the ones written."""
+    done = set() if fresh else _finished_items(job, source.items)
     todo = [it for it in source.items if it.name not in done]
     bar = _Progress(len(source.items), desc, progress)
     bar.update(len(source.items) - len(todo), 0)
     try:
-        _run(_write_item, job, todo, workers, bar, client)
+        _run(_write_items, job, todo, workers, bar, client)
     finally:
         bar.close()
     return todo
 
 
-def _finished_items(root: zarr.Group) -> set[str]:
+def _finished_items(job: _Job, items: list[SourceItem]) -> set[str]:
+    """The items whose group carries the completion mark (written after their arrays)."""
+    writer = ObjectWriter(job.dst, job.storage_options)
+    found = writer.read_many([f"{it.name}/zarr.json" for it in items])
     done = set()
-    for name, group in root.groups():
-        if group.attrs.get(DONE_ATTR):
-            done.add(name)
-        done |= {f"{name}/{n}" for n in _finished_items(group)}
+    for key, raw in found.items():
+        try:
+            if json.loads(raw).get("attributes", {}).get(DONE_ATTR):
+                done.add(key[:-len("/zarr.json")])
+        except ValueError:
+            pass  # cut short by a crash: not complete
     return done
 
 
 def _manifest(source: SourcePlan, codec: str, chunk_seconds: float,
-              fingerprint: dict[str, Any], nbytes: int) -> Manifest:
-    lengths = {n: [source.length(it, n) for it in source.items]
-               for n, a in source.arrays.items() if a.rate is not None}
-    return Manifest(store_id=uuid.uuid4().hex, arrays=source.arrays,
-                    items=[it.name for it in source.items], lengths=lengths, codec=codec,
-                    chunk_seconds=chunk_seconds, all_chunks_written=True,
-                    present=source.present(),
-                    extra={"fingerprint": fingerprint, "store_bytes": nbytes,
-                           "sources": [s["source"] for s in fingerprint["sources"]]})
+              fingerprint: dict[str, Any], nbytes: int) -> tuple[Manifest, dict[str, bytes]]:
+    shapes, present = shape_rows([it.shapes for it in source.items], source.arrays)
+    return build(store_id=uuid.uuid4().hex, arrays=with_dtypes(source),
+                 names=[it.name for it in source.items], shapes=shapes, present=present,
+                 codec=codec, chunk_seconds=chunk_seconds,
+                 extra={"fingerprint": fingerprint, "store_bytes": nbytes,
+                        "sources": [s["source"] for s in fingerprint["sources"]]})
+
+
+def with_dtypes(source: SourcePlan) -> dict[str, ArrayInfo]:
+    """The plan's arrays with their dtype (the same in every item that has them)."""
+    dtypes: dict[str, str] = {}
+    for it in source.items:
+        for name, dt in it.dtypes.items():
+            dtypes.setdefault(name, data_type(np.dtype(dt)))
+    return {n: dataclasses.replace(a, dtype=dtypes.get(n)) for n, a in source.arrays.items()}
 
 
 def _report(source: SourcePlan, dst: str, storage_options: dict[str, Any] | None,

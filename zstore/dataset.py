@@ -43,9 +43,7 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
     """The item names an ``items=`` argument stands for, checked against the store."""
     known = reader.manifest.items
     if callable(items):
-        metas = reader._metas
-        return [n for n in known
-                if items(n, dict((metas.get(n) or {}).get("attributes", {})))]
+        return [n for i, n in enumerate(known) if items(n, reader.item_attrs(i))]
     if isinstance(items, (str, os.PathLike)):
         try:
             with open(items) as f:
@@ -57,8 +55,7 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
         names = [n for n in names if n and not n.startswith("#")]
     else:
         names = [str(n) for n in items]
-    present = set(known)
-    unknown = [n for n in names if n not in present]
+    unknown = [n for n in names if n not in known]
     if unknown:
         shown = ", ".join(repr(n) for n in unknown[:5])
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -71,8 +68,8 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
     return names
 
 
-def common_lengths(lengths: dict[str, list[int]], rates: dict[str, float],
-                   coarse: str) -> list[int]:
+def common_lengths(lengths: dict[str, Any], rates: dict[str, float],
+                   coarse: str) -> np.ndarray:
     """Per item, the frames of the coarsest grid that every time array covers.
 
     Arrays of one item may end a little apart (``act`` as ceil(samples / 160) frames);
@@ -88,7 +85,7 @@ def common_lengths(lengths: dict[str, list[int]], rates: dict[str, float],
         covered = n // int(ratio) if float(ratio).is_integer() else \
             np.floor(n / ratio + 1e-9).astype(np.int64)
         out = np.minimum(out, covered)
-    return out.tolist()
+    return out
 
 
 class WindowDataset(torch.utils.data.Dataset):
@@ -152,9 +149,9 @@ class WindowDataset(torch.utils.data.Dataset):
         if items is not None:
             self._selected = select_items(self.reader.open(), items, self.url)
         self._setup()
-        if self.short_items and short != "error":
+        if len(self._short) and short != "error":
             what = "padded with zeros" if short == "pad" else "left out"
-            warnings.warn(f"{self.url}: {len(self.short_items)} item(s) shorter than "
+            warnings.warn(f"{self.url}: {len(self._short)} item(s) shorter than "
                           f"{window_seconds} s are {what} (short={short!r})", stacklevel=2)
 
     def _setup(self) -> None:
@@ -183,34 +180,37 @@ class WindowDataset(torch.utils.data.Dataset):
         self._window = None if self.window_seconds is None or not timed else \
             max(1, int(round(self.window_seconds * rate)))
         self._lengths = common_lengths(manifest.lengths, self._rates, self._coarse) \
-            if self._coarse else [0] * len(manifest.items)
+            if self._coarse else np.zeros(len(manifest.items), dtype=np.int64)
         self._items = manifest.items
         self._field_lengths = {n: manifest.lengths[n] for n in timed}
         self._index, short = usable_items(self._lengths, self._window, self.short, self._items)
         lacking = self._lacking(manifest, names)
-        if lacking:
-            self._index = [i for i in self._index if i not in lacking]
-            short = [i for i in short if i not in lacking]
+        if len(lacking):
+            self._index = np.setdiff1d(self._index, lacking)
+            short = np.setdiff1d(short, lacking)
         if self._selected is not None:  # an item list: its items, in its order
-            usable = set(self._index)
-            position = {name: i for i, name in enumerate(self._items)}
-            self._index = [position[n] for n in self._selected if position[n] in usable]
-            chosen = set(self._index) | {position[n] for n in self._selected}
-            short = [i for i in short if i in chosen]
-        self.short_items = [self._items[i] for i in short]
+            usable = np.zeros(len(self._items), dtype=bool)
+            usable[self._index] = True
+            chosen = np.asarray([manifest.position(n) for n in self._selected], dtype=np.int64)
+            self._index = chosen[usable[chosen]]
+            short = np.intersect1d(short, chosen)
+        self._short = short
         self._check_window_size()
 
-    def _lacking(self, manifest: Any, names: list[str]) -> set[int]:
+    def _lacking(self, manifest: Any, names: list[str]) -> np.ndarray:
         """Items without some of ``names``: an error (``missing="error"``), or left out
         with a warning (``missing="skip"``) when the dataset is built."""
-        lacking: set[int] = set()
+        has_all = np.ones(len(manifest.items), dtype=bool)
         for name in names:
             have = manifest.items_with(name)
             if have is not None:
-                lacking |= set(range(len(manifest.items))) - set(have)
-        if not lacking or self._lacking_said:
+                mask = np.zeros(len(manifest.items), dtype=bool)
+                mask[have] = True
+                has_all &= mask
+        lacking = np.flatnonzero(~has_all)
+        if not len(lacking) or self._lacking_said:
             return lacking
-        shown = ", ".join(repr(manifest.items[i]) for i in sorted(lacking)[:5])
+        shown = ", ".join(repr(manifest.items[i]) for i in lacking[:5])
         more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
         what = f"{len(lacking)} of {len(manifest.items)} item(s) lack field(s) of {names}"
         if self.missing == "error":
@@ -221,11 +221,16 @@ class WindowDataset(torch.utils.data.Dataset):
                       stacklevel=4)
         return lacking
 
+    @property
+    def short_items(self) -> list[str]:
+        """Names of the items shorter than the window (padded, or left out)."""
+        return [self._items[i] for i in self._short]
+
     def _check_window_size(self) -> None:
         """Refuse a window so large that one item would not fit in memory."""
-        if self._window is None or not self._index:
+        if self._window is None or not len(self._index):
             return
-        first = self._items[self._index[0]]
+        first = self._items[int(self._index[0])]
         coarse_rate = self._rates[self._coarse]  # type: ignore[index]
         for name, rate in self._rates.items():
             layout = self.reader.layout(first, name)
@@ -238,7 +243,7 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lengths", "_items", "_index", "short_items", "_field_lengths",
+        for key in ("_lengths", "_items", "_index", "_short", "_field_lengths",
                     "_plain_seen"):
             state.pop(key, None)  # rebuilt from the manifest in the new process
         return state
@@ -254,7 +259,7 @@ class WindowDataset(torch.utils.data.Dataset):
     def item_lengths(self) -> list[int]:
         """The length (frames of the coarsest field) of every item the dataset serves, in
         index order: index ``i`` reads item ``i // windows_per_item`` of this list."""
-        return [self._lengths[item] for item in self._index]
+        return self._lengths[self._index].tolist()
 
     def set_epoch(self, epoch: int) -> None:
         """Move to another draw of windows (call it before each epoch)."""
@@ -275,8 +280,8 @@ class WindowDataset(torch.utils.data.Dataset):
         if not -n <= i < n:
             raise IndexError(f"index {i} out of range for {n} windows")
         item_i, j = divmod(i % n, self.windows_per_item)
-        item = self._index[item_i]
-        return window_for(item, self._lengths[item], self._window, self.seed, epoch, j)
+        item = int(self._index[item_i])
+        return window_for(item, int(self._lengths[item]), self._window, self.seed, epoch, j)
 
     def _note_plain(self, i: int) -> None:
         """In a DataLoader worker, say once if a plain index comes twice in one epoch:
@@ -316,7 +321,7 @@ class WindowDataset(torch.utils.data.Dataset):
             start = scale(w.start, coarse_rate, rate)
             stop = scale(w.start + w.take, coarse_rate, rate)
             total = scale(w.take + w.pad, coarse_rate, rate)
-            stop = min(stop, self._field_lengths[name][w.item])  # rounding, non-integer ratios
+            stop = min(stop, int(self._field_lengths[name][w.item]))  # rounding, non-integer ratios
             spans[name] = Span(start, stop, total - (stop - start))
         return spans
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from zstore.config import format_size
 from zstore.layout import parse_array_meta
-from zstore.store import read_manifest
+from zstore.manifests import read_manifest
 
 
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -18,17 +20,20 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
                                  "inferred": a.inferred}
         have = manifest.items_with(name)
         entry["items_with"] = len(manifest.items) if have is None else len(have)
-        array_meta = metas.get(f"{manifest.first_with(name)}/{name}")
+        first = manifest.first_index(name)
+        array_meta = metas.at(first, name) if first is not None else None
         if array_meta:
             layout = parse_array_meta(name, array_meta, a.time_axis)
             entry.update(shape_of_first_item=list(layout.shape), dtype=str(layout.dtype),
                          chunk=list(layout.chunk_shape), shard_length=layout.shard,
                          codecs=[c["name"] for c in layout.codecs])
         if a.rate:
-            lengths = [n for n in manifest.lengths[name] if n >= 0]
-            entry["seconds_total"] = round(sum(lengths) / a.rate, 3)
-            entry["seconds_min_max"] = [round(min(lengths) / a.rate, 3),
-                                        round(max(lengths) / a.rate, 3)] if lengths else []
+            lengths = np.asarray(manifest.lengths[name], dtype=np.int64)
+            lengths = lengths[lengths >= 0]
+            entry["seconds_total"] = round(int(lengths.sum()) / a.rate, 3)
+            entry["seconds_min_max"] = [round(int(lengths.min()) / a.rate, 3),
+                                        round(int(lengths.max()) / a.rate, 3)] \
+                if len(lengths) else []
         arrays[name] = entry
     nbytes = int(manifest.extra.get("store_bytes", 0))
     info = {"store": url, "store_id": manifest.store_id, "items": len(manifest.items),

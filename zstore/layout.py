@@ -1,7 +1,8 @@
 """The store layout, pure: manifest, array geometry, window -> chunk plan.  No I/O.
 
 A zstore store is a Zarr v3 hierarchy: one group per item, one array per dataset.
-The root group's attribute ``"zstore"`` holds the manifest (see :class:`Manifest`).
+The root group's attribute ``"zstore"`` holds the manifest's header and names the item
+table (see :class:`Manifest` and :mod:`zstore.table`).
 """
 
 from __future__ import annotations
@@ -9,13 +10,18 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from zstore.errors import StoreFormatError
 
-FORMAT_VERSION = 1
+#: 1: the manifest, every item included, is JSON in the root attributes (with zarr's
+#: consolidated metadata beside it).  2: the root attributes hold a header of constant
+#: size; names and shapes are in the item table (:mod:`zstore.table`).
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 MANIFEST_ATTR = "zstore"
 PROGRESS_ATTR = "zstore_convert"
 DONE_ATTR = "zstore_complete"
@@ -31,16 +37,18 @@ class ArrayInfo:
     rate: float | None  # samples per second along the time axis; None: not a time array
     time_axis: int | None
     inferred: bool = False
+    dtype: str | None = None  # format 2: every item's dtype of this array
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Manifest:
-    """The store's table of contents, kept in the root group's attributes."""
+    """The store's table of contents: the root group's ``"zstore"`` attribute, and from
+    format 2 on, the item table it names."""
 
     store_id: str
     arrays: dict[str, ArrayInfo]
-    items: list[str]
-    lengths: dict[str, list[int]]  # time array name -> per-item length
+    items: Sequence[str]
+    lengths: dict[str, np.ndarray]  # time array name -> per-item length (-1: absent)
     codec: str = "lz4"
     chunk_seconds: float = 1.0
     #: Every chunk of every array was written, empty ones included: a missing object
@@ -48,71 +56,107 @@ class Manifest:
     all_chunks_written: bool = False
     #: Arrays that some items lack: name -> positions of the items that have it (an
     #: array absent here is in every item; its ``lengths`` entry is -1 where absent).
-    present: dict[str, list[int]] = field(default_factory=dict)
+    present: dict[str, np.ndarray] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Format 2: per array, every item's shape, ``(items, ndim)``; None for format 1.
+    shapes: dict[str, np.ndarray] | None = None
+    #: Format 2: the Zarr array that holds the item table.
+    table: str | None = None
 
-    def items_with(self, name: str) -> list[int] | None:
+    def items_with(self, name: str) -> np.ndarray | None:
         """Positions of the items that have array ``name`` (None: every item)."""
         return self.present.get(name)
 
+    def first_index(self, name: str) -> int | None:
+        """The position of the first item that has array ``name`` (None: no item has it)."""
+        have = self.items_with(name)
+        if not len(self.items) or (have is not None and not len(have)):
+            return None
+        return int(have[0]) if have is not None else 0
+
     def first_with(self, name: str) -> str | None:
         """The first item that has array ``name`` (None: no item has it)."""
-        have = self.items_with(name)
-        if not self.items or have == []:
-            return None
-        return self.items[have[0] if have else 0]
+        first = self.first_index(name)
+        return None if first is None else self.items[first]
+
+    def position(self, item: str) -> int:
+        """The index of item ``item`` (ValueError when there is none)."""
+        return self.items.index(item)
 
     @property
     def time_arrays(self) -> list[str]:
         return [n for n, a in self.arrays.items() if a.rate is not None]
 
-    def to_json(self) -> dict[str, Any]:
+    def header(self) -> dict[str, Any]:
+        """The root attribute of a format-2 store: constant size, whatever the items."""
         return {
             "format": FORMAT_VERSION,
             "store_id": self.store_id,
-            "arrays": {n: {"rate": a.rate, "time_axis": a.time_axis, "inferred": a.inferred}
-                       for n, a in self.arrays.items()},
-            "items": list(self.items),
-            "lengths": {n: list(v) for n, v in self.lengths.items()},
+            "arrays": {n: {"rate": a.rate, "time_axis": a.time_axis, "inferred": a.inferred,
+                           "dtype": a.dtype} for n, a in self.arrays.items()},
+            "items": len(self.items),
+            "table": self.table,
             "codec": self.codec,
             "chunk_seconds": self.chunk_seconds,
             "all_chunks_written": self.all_chunks_written,
-            "present": {n: list(v) for n, v in self.present.items()},
             **self.extra,
         }
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "store") -> Manifest:
+    def from_json(cls, data: Any, where: str = "store",
+                  table: Callable[[str], Any] | None = None) -> Manifest:
+        """Parse the root attribute; format 2 reads its item table with ``table(name)``
+        (the table's bytes or a map of them)."""
         if not isinstance(data, dict) or "store_id" not in data:
             raise StoreFormatError(
                 f"{where} has no zstore manifest; convert it with 'zstore convert' first")
-        if data.get("format") != FORMAT_VERSION:
+        if data.get("format") not in READABLE_FORMATS:
             raise StoreFormatError(
                 f"{where} has manifest format {data.get('format')!r}; this zstore reads "
-                f"format {FORMAT_VERSION}: reconvert it or upgrade zstore")
+                f"formats {READABLE_FORMATS}: upgrade zstore")
         try:
-            return cls._parse(data)
+            if data["format"] == 1:
+                return cls._parse_v1(data)
+            common = cls._common(data)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise StoreFormatError(
                 f"{where}: the zstore manifest in the root zarr.json is damaged ({e!r}); "
                 "restore the store's root zarr.json or reconvert it") from None
+        if table is None:
+            raise StoreFormatError(f"{where}: format-2 manifest read without its item table")
+        from zstore.table import unpack
+
+        names, shapes, present = unpack(table(str(data["table"])), where)
+        arrays = common["arrays"]
+        lengths = {n: shapes[n][:, a.time_axis % shapes[n].shape[1]]
+                   for n, a in arrays.items() if a.rate is not None and n in shapes}
+        known = {"format", "store_id", "arrays", "items", "codec", "chunk_seconds",
+                 "all_chunks_written", "table"}
+        return cls(items=names, lengths=lengths, shapes=shapes, table=str(data["table"]),
+                   present={n: np.flatnonzero(v) for n, v in present.items()},
+                   extra={k: v for k, v in data.items() if k not in known}, **common)
+
+    @staticmethod
+    def _common(data: dict[str, Any]) -> dict[str, Any]:
+        return dict(
+            store_id=str(data["store_id"]),
+            arrays={n: ArrayInfo(a["rate"], a["time_axis"], bool(a.get("inferred", False)),
+                                 a.get("dtype")) for n, a in data["arrays"].items()},
+            codec=data.get("codec", "?"),
+            chunk_seconds=float(data.get("chunk_seconds", 1.0)),
+            all_chunks_written=bool(data.get("all_chunks_written", False)))
 
     @classmethod
-    def _parse(cls, data: dict[str, Any]) -> Manifest:
+    def _parse_v1(cls, data: dict[str, Any]) -> Manifest:
         known = {"format", "store_id", "arrays", "items", "lengths", "codec", "chunk_seconds",
                  "all_chunks_written", "present"}
         return cls(
-            store_id=str(data["store_id"]),
-            arrays={n: ArrayInfo(a["rate"], a["time_axis"], bool(a.get("inferred", False)))
-                    for n, a in data["arrays"].items()},
-            items=list(data["items"]),
-            lengths={n: [int(x) for x in v] for n, v in data["lengths"].items()},
-            codec=data.get("codec", "?"),
-            chunk_seconds=float(data.get("chunk_seconds", 1.0)),
-            all_chunks_written=bool(data.get("all_chunks_written", False)),
-            present={n: [int(i) for i in v] for n, v in data.get("present", {}).items()},
-            extra={k: v for k, v in data.items() if k not in known},
-        )
+            items=[str(x) for x in data["items"]],
+            lengths={n: np.asarray([int(x) for x in v], dtype=np.int64)
+                     for n, v in data["lengths"].items()},
+            present={n: np.asarray([int(i) for i in v], dtype=np.int64)
+                     for n, v in data.get("present", {}).items()},
+            extra={k: v for k, v in data.items() if k not in known}, **cls._common(data))
 
 
 #: A chunk holds at least this many bytes: a window of a small array (``act``: 3

@@ -33,8 +33,10 @@ from zstore.origin import Origin, is_url
 from zstore.shards import (DecodedShards, EncodedShards, Pieces, ShardForm, chunk_pieces,
                            release_free_memory)
 from zstore.sizing import field_sizes
-from zstore.store import CachedStore, read_manifest
+from zstore.manifests import read_manifest
+from zstore.store import CachedStore
 
+MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
 
 
@@ -50,24 +52,37 @@ class WindowReader:
         self.origin_fs = origin_fs
         self.fields = list(fields) if fields is not None else None  # sizes the RAM format
         self._pid = -1
+        #: The store's root header as this reader first read it (format 2): a process
+        #: this reader is pickled to sees the same items, even after an append.
+        self._header: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "cache": self.cache, "storage_options": self.storage_options,
-                "origin_fs": self.origin_fs, "fields": self.fields}
+                "origin_fs": self.origin_fs, "fields": self.fields, "header": self._header}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], cache=state["cache"],
                       storage_options=state["storage_options"], origin_fs=state["origin_fs"],
                       fields=state.get("fields"))
+        self._header = state.get("header")
 
     def open(self) -> WindowReader:
         """Read the manifest and set up this process's handles (idempotent per process)."""
         if self._pid == os.getpid():
             return self
-        self.manifest, self._metas = read_manifest(self.url, self.storage_options,
-                                                   self.origin_fs)
         resolved: ResolvedCache | None = self.cache.resolved() if self.cache else None
-        self.tiers = TieredCache(resolved, self.manifest.store_id) if resolved else None
+        self.tiers: TieredCache | None = None
+
+        def tables(store_id: str) -> str | None:  # remote item tables: one copy per node
+            self.tiers = TieredCache(resolved, store_id) if resolved else None
+            return self.tiers.node_dir("tables") if self.tiers else None
+
+        self.manifest, self._metas = read_manifest(self.url, self.storage_options,
+                                                   self.origin_fs, tables, self._header)
+        if self.manifest.shapes is not None:  # format 2: workers keep this view
+            self._header = self.manifest.header()
+        if resolved and self.tiers is None:
+            self.tiers = TieredCache(resolved, self.manifest.store_id)
         self.format_choice = self._choose_format(resolved) if self.tiers else None
         self.origin = Origin(self.url, self.storage_options, fs=self.origin_fs,
                              max_requests=resolved.max_requests if resolved else 16)
@@ -111,10 +126,13 @@ class WindowReader:
         return "shard" if remote and fits else "range"
 
     def layout(self, item: str, name: str) -> ArrayLayout:
-        """The geometry of ``item/name`` (from the consolidated metadata)."""
+        """The geometry of ``item/name``: from the manifest (format 2) or the
+        consolidated metadata (format 1), else from the array's ``zarr.json``."""
         self.open()
         found = self._layouts.get((item, name))
         if found is None:
+            if len(self._layouts) >= MAX_LAYOUTS:  # bounded, whatever the item count
+                self._layouts.clear()
             path = f"{item}/{name}"
             meta = self._metas.get(path)
             if meta is None:
@@ -130,6 +148,19 @@ class WindowReader:
                                      if name in self.manifest.arrays else None)
             self._layouts[(item, name)] = found
         return found
+
+    def item_attrs(self, position: int) -> dict[str, Any]:
+        """The attributes of item ``position`` (its HDF5 group's), read from its group."""
+        self.open()
+        meta = self._metas.group(position)
+        if meta is None:
+            key = f"{self.manifest.items[position]}/zarr.json"
+            try:
+                meta = json.loads(self.origin.read(key))
+            except FileNotFoundError:
+                raise StoreFormatError(f"{self.url}/{key} is missing; restore it or "
+                                       "reconvert the store") from None
+        return dict(meta.get("attributes", {}))
 
     def read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
         """Read ``spans`` (per field; None = the whole array) of ``item``."""

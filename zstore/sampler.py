@@ -6,7 +6,10 @@ its three inputs: not on worker count, rank, call order, or the numpy version.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from zstore.errors import ConfigError, ShortItemError
 
@@ -42,24 +45,25 @@ class Window:
     pad: int
 
 
-def usable_items(lengths: list[int], window: int | None, short: str,
-                 names: list[str]) -> tuple[list[int], list[int]]:
+def usable_items(lengths: np.ndarray, window: int | None, short: str,
+                 names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(indices of the items the dataset serves, indices of items shorter than the window)."""
     if short not in SHORT_POLICIES:
         raise ConfigError(f"short must be one of {SHORT_POLICIES}, got {short!r}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    every = np.arange(len(lengths), dtype=np.int64)
     if window is None:
-        return list(range(len(lengths))), []
-    short_items = [i for i, n in enumerate(lengths) if n < window]
-    if short == "error" and short_items:
+        return every, every[:0]
+    short_items = np.flatnonzero(lengths < window)
+    if short == "error" and len(short_items):
         shown = ", ".join(f"{names[i]} ({lengths[i]} < {window})" for i in short_items[:10])
         more = f" and {len(short_items) - 10} more" if len(short_items) > 10 else ""
         raise ShortItemError(f"{len(short_items)} item(s) are shorter than the window: "
                              f"{shown}{more}; use short='pad' or short='skip', or a shorter "
                              "window")
     if short == "skip":
-        skipped = set(short_items)
-        return [i for i in range(len(lengths)) if i not in skipped], short_items
-    return list(range(len(lengths))), short_items
+        return np.flatnonzero(lengths >= window), short_items
+    return every, short_items
 
 
 def window_for(item: int, length: int, window: int | None, seed: int, epoch: int,

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from zstore.layout import Manifest, parse_array_meta
 
 
@@ -23,7 +25,7 @@ class Sizes:
     chunks: int
 
 
-def field_sizes(manifest: Manifest, metas: dict[str, Any],
+def field_sizes(manifest: Manifest, metas: Any,
                 fields: Sequence[str] | None = None) -> Sizes:
     """Decoded and (estimated) stored bytes, shards and chunks of ``fields`` (default:
     every time array).  Stored bytes are the store's bytes in proportion to the fields'
@@ -32,18 +34,20 @@ def field_sizes(manifest: Manifest, metas: dict[str, Any],
     decoded = shards = chunks = 0
     everything = 0
     for name in manifest.time_arrays:
-        meta = metas.get(f"{manifest.first_with(name)}/{name}")
+        first = manifest.first_index(name)
+        meta = metas.at(first, name) if first is not None else None
         if meta is None:
             continue
         layout = parse_array_meta(name, meta, manifest.arrays[name].time_axis)
-        lengths = [n for n in manifest.lengths[name] if n >= 0]
-        nbytes = layout.step_nbytes * sum(lengths)
+        lengths = np.asarray(manifest.lengths[name], dtype=np.int64)
+        lengths = lengths[lengths >= 0]
+        nbytes = layout.step_nbytes * int(lengths.sum())
         everything += nbytes
         if name in names:
             decoded += nbytes
             shard = max(1, layout.shard if layout.length else 1)
-            shards += sum(-(-n // shard) for n in lengths)
-            chunks += sum(-(-n // max(1, layout.chunk)) for n in lengths)
+            shards += int((-(-lengths // shard)).sum())
+            chunks += int((-(-lengths // max(1, layout.chunk))).sum())
     total = int(manifest.extra.get("store_bytes", 0))
     stored = int(total * decoded / everything) if everything else total
     return Sizes(decoded, stored, shards, chunks)

@@ -47,15 +47,6 @@ class SourcePlan:
         assert info.time_axis is not None
         return item.shapes[name][info.time_axis] if name in item.shapes else -1
 
-    def present(self) -> dict[str, list[int]]:
-        """For arrays some items lack: the positions of the items that have them."""
-        out = {}
-        for name in self.arrays:
-            have = [i for i, it in enumerate(self.items) if name in it.shapes]
-            if len(have) < len(self.items):
-                out[name] = have
-        return out
-
 
 def open_source(src: str | os.PathLike[str]) -> h5py.File:
     """Open the HDF5 file read-only, turning every failure into one clear error."""

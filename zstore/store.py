@@ -10,7 +10,6 @@ same keys, so both paths share cached bytes.
 from __future__ import annotations
 
 import asyncio
-import json
 import warnings
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -21,8 +20,8 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from zstore.cache.tiers import TieredCache
 from zstore.config import CacheConfig, as_cache_config
-from zstore.errors import StoreFormatError
-from zstore.layout import MANIFEST_ATTR, Manifest
+from zstore.layout import MANIFEST_ATTR
+from zstore.manifests import read_manifest, read_root
 from zstore.origin import Origin, zarr_store
 
 _READ_ONLY = "store was opened in read-only mode and does not support writing"
@@ -39,36 +38,6 @@ def range_suffix(byte_range: ByteRequest | None) -> str:
     if isinstance(byte_range, SuffixByteRequest):
         return f"#s{byte_range.suffix}"
     raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
-
-
-def read_root_metadata(url: str, storage_options: dict[str, Any] | None,
-                       fs: Any = None) -> dict[str, Any]:
-    """The root ``zarr.json`` of a store (one read; holds consolidated metadata)."""
-    origin = Origin(url, storage_options, fs=fs)
-    try:
-        meta = json.loads(origin.read("zarr.json"))
-    except FileNotFoundError:
-        raise StoreFormatError(f"{url}: no zarr.json at the root; is this a Zarr v3 store "
-                               "written by 'zstore convert'?") from None
-    except (NotADirectoryError, IsADirectoryError):
-        raise StoreFormatError(f"{url}: not a directory holding a Zarr v3 store; pass the "
-                               "store's directory (the one 'zstore convert' wrote)") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise StoreFormatError(f"{url}/zarr.json is not valid JSON ({e}): the store's root "
-                               "metadata is damaged or truncated; restore it from a good copy "
-                               "or reconvert the store") from None
-    if not isinstance(meta, dict):
-        raise StoreFormatError(f"{url}/zarr.json does not hold a JSON object: the store's "
-                               "root metadata is damaged; restore it or reconvert the store")
-    return meta
-
-
-def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = None
-                  ) -> tuple[Manifest, dict[str, Any]]:
-    """A store's zstore manifest and its consolidated array metadata (path -> zarr.json)."""
-    meta = read_root_metadata(url, storage_options, fs)
-    manifest = Manifest.from_json(meta.get("attributes", {}).get(MANIFEST_ATTR), url)
-    return manifest, (meta.get("consolidated_metadata") or {}).get("metadata", {})
 
 
 class CachedStore(Store):
@@ -98,7 +67,7 @@ class CachedStore(Store):
         self.cache = cache
         self.storage_options = dict(storage_options or {})
         self.complete = complete
-        self._arrays: frozenset[str] | None = None
+        self._metas: Any = None  # the store's ArrayMetas, read on the first missing key
         self._origin = zarr_store(self.url, self.storage_options, read_only=True)
         self.tiers = TieredCache(cache.resolved(), store_id) if cache is not None else None
 
@@ -160,11 +129,9 @@ class CachedStore(Store):
         array = chunk_array(key)
         if not array:
             return
-        if self._arrays is None:
-            metas = read_manifest(self.url, self.storage_options)[1]
-            self._arrays = frozenset(p for p, m in metas.items()
-                                     if m.get("node_type") == "array")
-        if array in self._arrays:
+        if self._metas is None:
+            self._metas = read_manifest(self.url, self.storage_options)[1]
+        if self._metas.is_array(array):
             raise missing_error(self.url, key, "object")
 
     def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
@@ -215,7 +182,7 @@ def open_store(url: str, *, cache: CacheConfig | bool | None = None,
     """
     url = str(url)
     config = as_cache_config(cache)
-    meta = read_root_metadata(url, storage_options)
+    meta = read_root(Origin(url, storage_options), url)
     manifest = meta.get("attributes", {}).get(MANIFEST_ATTR, {})
     store_id = manifest.get("store_id")
     if store_id is None and config is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import pickle
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from zstore.config import CacheConfig
 from zstore.layout import Span
 from zstore.reader import WindowReader
-from zstore.store import read_manifest
+from zstore.manifests import read_manifest
 
 
 def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | None = None,
@@ -25,7 +26,8 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
     from tqdm import tqdm
 
     config = cache or CacheConfig()
-    manifest, _ = read_manifest(url, storage_options)
+    first = WindowReader(url, cache=config, storage_options=storage_options).open()
+    manifest = first.manifest  # the item table comes from the node's copy after this
     names = list(fields) if fields else manifest.time_arrays
     items = list(manifest.items)
     positions = {name: i for i, name in enumerate(items)}
@@ -38,8 +40,7 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
     def one(item: str) -> int:
         reader = getattr(local, "reader", None)
         if reader is None:  # one reader per thread: its maps are not thread-safe
-            reader = local.reader = WindowReader(url, cache=config,
-                                                 storage_options=storage_options).open()
+            reader = local.reader = pickle.loads(pickle.dumps(first)).open()
         position = positions[item]
         spans = {n: Span(0, reader.layout(item, n).length) for n in names
                  if have[n] is None or position in have[n]}  # arrays some items lack

@@ -1,0 +1,191 @@
+"""Many small items: opening, memory and conversion against the item count.
+
+    python tools/bench_items.py                 # 10k and 100k items (~1 GB of disk)
+    python tools/bench_items.py --sizes 10000 100000 1000000
+
+Each corpus is one HDF5 file of N items of 0.1 s (``wav`` 1 x 1600 float32 at 16 kHz,
+``act`` 2 x 10 frames).  Measured per N, each in fresh processes: conversion items/s
+(``workers=2``); the root ``zarr.json`` and item-table bytes per item; ``WindowDataset``
+open time and private memory beyond the imports, in the main process and in a spawned
+worker that unpickles the dataset (as a DataLoader worker does) and reads a window;
+``zstore info`` time.  Writes the section "A million items" of docs/benchmarks.md,
+docs/benchmarks-items.json and docs/benchmarks-items.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_docs import private_bytes, replace_section  # noqa: E402
+
+MARK_BEGIN = "<!-- items: begin (tools/bench_items.py) -->"
+MARK_END = "<!-- items: end -->"
+
+
+def make_h5(path: Path, n: int) -> None:
+    import h5py
+    import numpy as np
+
+    if path.exists():
+        return
+    rng = np.random.default_rng(n)
+    wav = (rng.integers(-3000, 3000, (64, 1, 1600)) / 32768).astype(np.float32)
+    act = (rng.random((64, 2, 10)) > 0.5).astype(np.float32)
+    tmp = path.with_suffix(".tmp")
+    with h5py.File(tmp, "w") as f:
+        for i in range(n):
+            g = f.create_group(f"utt{i:07d}")
+            g.create_dataset("wav", data=wav[i % 64])
+            g.create_dataset("act", data=act[i % 64])
+    tmp.rename(path)
+
+
+def _worker(ds_bytes: bytes, out: mp.Queue) -> None:
+    import importlib
+    import pickle
+
+    for module in ("torch", "zstore"):  # the imports a DataLoader worker has
+        importlib.import_module(module)
+    base = private_bytes()
+    t0 = time.perf_counter()
+    ds = pickle.loads(ds_bytes)
+    ds[len(ds) - 1]
+    out.put({"open_s": time.perf_counter() - t0, "private_bytes": private_bytes() - base})
+
+
+def measure_open(store: str, ram_dir: str, out: mp.Queue) -> None:
+    """In a fresh process: the dataset's open time and memory, then a worker's."""
+    import importlib
+    import pickle
+
+    import zstore
+
+    importlib.import_module("torch")
+
+    cache = zstore.CacheConfig(ram_dir=ram_dir, ram_bytes="256MB", ssd_dir=None)
+    base = private_bytes()
+    t0 = time.perf_counter()
+    ds = zstore.WindowDataset(store, window_seconds=0.05, cache=cache)
+    ds[len(ds) // 2]
+    result = {"open_s": time.perf_counter() - t0, "private_bytes": private_bytes() - base,
+              "windows": len(ds)}
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_worker, args=(pickle.dumps(ds), q))
+    p.start()
+    result["worker"] = q.get(timeout=600)
+    p.join(600)
+    t0 = time.perf_counter()
+    zstore.store_info(store)
+    result["info_s"] = time.perf_counter() - t0
+    out.put(result)
+
+
+def run_size(n: int, data: Path, workers: int) -> dict:
+    import zstore
+
+    src = data / f"items-{n}.h5"
+    make_h5(src, n)
+    dst = data / f"items-{n}.zarr"
+    shutil.rmtree(dst, ignore_errors=True)
+    t0 = time.perf_counter()
+    zstore.convert(src, dst, rates={"wav": 16000, "act": 100}, workers=workers,
+                   progress=False)
+    convert_s = time.perf_counter() - t0
+    root = (dst / "zarr.json").stat().st_size
+    table = sum(p.stat().st_size for d in dst.glob("zstore_items_*") for p in d.rglob("*")
+                if p.is_file())
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as ram:
+        p = ctx.Process(target=measure_open, args=(str(dst), ram, q))
+        p.start()
+        opened = q.get(timeout=1200)
+        p.join(600)
+    shutil.rmtree(dst, ignore_errors=True)
+    return {"items": n, "convert_s": convert_s, "convert_items_per_s": n / convert_s,
+            "root_bytes": root, "root_bytes_per_item": root / n,
+            "table_bytes_per_item": table / n, **opened}
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = [r["items"] for r in results]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    series = [("open (s)", [r["open_s"] for r in results], [r["worker"]["open_s"] for r in results]),
+              ("private MB beyond imports", [r["private_bytes"] / 1e6 for r in results],
+               [r["worker"]["private_bytes"] / 1e6 for r in results]),
+              ("root metadata B/item", [r["root_bytes_per_item"] for r in results], None),
+              ("convert items/s", [r["convert_items_per_s"] for r in results], None)]
+    for ax, (title, main, worker) in zip(axes, series):
+        ax.plot(n, main, "o-", label="main")
+        if worker is not None:
+            ax.plot(n, worker, "s--", label="worker")
+            ax.legend()
+        ax.set_xscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("items")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--data", default="bench-data/items")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--docs", default="docs")
+    args = ap.parse_args()
+    data = Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    results = []
+    for n in args.sizes:
+        r = run_size(n, data, args.workers)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    with open(os.path.join(args.docs, "benchmarks-items.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    plot(results, os.path.join(args.docs, "benchmarks-items.png"))
+    lines = [MARK_BEGIN, "", "## A million items (tools/bench_items.py)", "",
+             "Items of 0.1 s (`wav` 1 x 1,600 float32, `act` 2 x 10), one HDF5 file; each "
+             "number from fresh processes; private memory is beyond the imports (torch, "
+             "zstore). The worker unpickles the dataset as a DataLoader worker does and "
+             "reads a window. 2 cores.", "",
+             "| items | convert, items/s | root zarr.json, B/item | item table, B/item | "
+             "open, main | private MB, main | open, worker | private MB, worker | "
+             "`zstore info` |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(
+            f"| {r['items']:,} | {r['convert_items_per_s']:,.0f} | "
+            f"{r['root_bytes_per_item']:.3f} | {r['table_bytes_per_item']:.0f} | "
+            f"{r['open_s']:.3f} s | {r['private_bytes'] / 1e6:.1f} | "
+            f"{r['worker']['open_s']:.3f} s | {r['worker']['private_bytes'] / 1e6:.1f} | "
+            f"{r['info_s']:.3f} s |")
+    if len(results) >= 2:
+        a, b = results[0], results[1]
+        lines += ["", f"From {a['items']:,} to {b['items']:,} items: open time x"
+                  f"{b['open_s'] / a['open_s']:.2f} (main), x"
+                  f"{b['worker']['open_s'] / a['worker']['open_s']:.2f} (worker); private "
+                  f"memory x{b['private_bytes'] / max(1, a['private_bytes']):.2f} (main), x"
+                  f"{b['worker']['private_bytes'] / max(1, a['worker']['private_bytes']):.2f}"
+                  " (worker)."]
+    lines += ["", "![items](benchmarks-items.png)", "", MARK_END]
+    replace_section(args.docs, MARK_BEGIN, MARK_END, "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Reading and publishing a store's manifest (root header + item table).
+
+Opening a format-2 store reads the root ``zarr.json`` (a header of constant size) and
+maps the item table: from the store itself on a local path or NFS, or from a copy in
+the node's RAM tier directory for remote stores, so every process on the node maps the
+same pages.  Array metadata is never read per item: :class:`ArrayMetas` builds each
+item's ``zarr.json`` document from the manifest (the converter wrote exactly that).
+Publishing writes the table under a new name, then the root ``zarr.json`` in one write:
+a reader that opened the store before keeps the table it mapped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from crc32c import crc32c
+
+from zstore.errors import StoreFormatError
+from zstore.layout import (MANIFEST_ATTR, ArrayInfo, Manifest, chunk_length, shard_length,
+                           step_nbytes)
+from zstore.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
+from zstore.origin import Origin, is_url, local_path
+from zstore.table import pack
+
+
+class ArrayMetas:
+    """Per item and array, the ``zarr.json`` document: built from the manifest (format
+    2), or looked up in the consolidated metadata (format 1).  None when unknown."""
+
+    def __init__(self, manifest: Manifest, consolidated: dict[str, Any] | None = None):
+        self.manifest = manifest
+        self.consolidated = consolidated or {}
+
+    def at(self, position: int, name: str) -> dict[str, Any] | None:
+        m = self.manifest
+        if m.shapes is None or name not in m.shapes:
+            return self.consolidated.get(f"{m.items[position]}/{name}")
+        info = m.arrays[name]
+        dtype = np.dtype(info.dtype or "V1")
+        shape = tuple(int(x) for x in m.shapes[name][position])
+        if not handles(m.codec, dtype, shape) or min(shape) < 0:
+            return None  # written through zarr, or absent: read its zarr.json
+        chunks, shards = geometry(shape, info.rate, info.time_axis, m.chunk_seconds,
+                                  dtype.itemsize)
+        return array_meta(shape, dtype, chunks, shards, m.codec)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        item, _, name = path.rpartition("/")
+        if self.manifest.shapes is None:
+            return self.consolidated.get(path)
+        try:
+            return self.at(self.manifest.position(item), name)
+        except ValueError:
+            return None
+
+    def is_array(self, path: str) -> bool:
+        """Whether ``item/name`` is one of the store's arrays (an item that has it)."""
+        m = self.manifest
+        if m.shapes is None:
+            return (self.consolidated.get(path) or {}).get("node_type") == "array"
+        item, _, name = path.rpartition("/")
+        if name not in m.arrays:
+            return False
+        try:
+            position = m.position(item)
+        except ValueError:
+            return False
+        have = m.items_with(name)
+        return have is None or bool(np.isin(position, have))
+
+    def group(self, position: int) -> dict[str, Any] | None:
+        """An item group's document (format 1 only; format 2 reads it from the store)."""
+        return self.consolidated.get(self.manifest.items[position])
+
+
+def geometry(shape: tuple[int, ...], rate: float | None, time_axis: int | None,
+             chunk_seconds: float, itemsize: int
+             ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Chunk and shard shape of an array as the converter writes it."""
+    if rate is None or not shape:
+        return tuple(max(1, s) for s in shape), None
+    axis = (time_axis if time_axis is not None else -1) % len(shape)
+    chunk, shard = list(shape), list(shape)
+    chunk[axis] = chunk_length(rate, chunk_seconds, shape[axis],
+                               step_nbytes(shape, axis, itemsize))
+    shard[axis] = shard_length(chunk[axis], shape[axis])
+    return tuple(max(1, c) for c in chunk), tuple(max(1, s) for s in shard)
+
+
+def read_root(origin: Origin, url: str) -> dict[str, Any]:
+    """The root ``zarr.json`` of a store, checked."""
+    try:
+        meta = json.loads(origin.read("zarr.json"))
+    except FileNotFoundError:
+        raise StoreFormatError(f"{url}: no zarr.json at the root; is this a Zarr v3 store "
+                               "written by 'zstore convert'?") from None
+    except (NotADirectoryError, IsADirectoryError):
+        raise StoreFormatError(f"{url}: not a directory holding a Zarr v3 store; pass the "
+                               "store's directory (the one 'zstore convert' wrote)") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise StoreFormatError(f"{url}/zarr.json is not valid JSON ({e}): the store's root "
+                               "metadata is damaged or truncated; restore it from a good copy "
+                               "or reconvert the store") from None
+    if not isinstance(meta, dict):
+        raise StoreFormatError(f"{url}/zarr.json does not hold a JSON object: the store's "
+                               "root metadata is damaged; restore it or reconvert the store")
+    return meta
+
+
+def _checked(buf: Any, where: str) -> memoryview:
+    view = memoryview(buf)
+    if len(view) < 4 or crc32c(view[:-4]) != int.from_bytes(view[-4:], "little"):
+        raise StoreFormatError(f"{where}: the item table fails its checksum; restore the "
+                               "store's root objects from a good copy or reconvert it")
+    return view[:-4]
+
+
+def _map(path: str) -> mmap.mmap:
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
+               store_id: str) -> memoryview:
+    """The item table's bytes: mapped from a local store, or from the node's copy of a
+    remote one (written once, by whichever process comes first), else read."""
+    where = f"{url}/{key}"
+    if not is_url(url) and origin._fs_given is None:
+        path = os.path.join(local_path(url), key)
+        try:
+            return _checked(_map(path), where)
+        except FileNotFoundError:
+            raise StoreFormatError(f"{where}: the item table is missing; restore it from a "
+                                   "good copy or reconvert the store") from None
+    if node_dir is not None:
+        path = os.path.join(node_dir, f"{store_id}-{key.replace('/', '_')}")
+        try:
+            os.makedirs(node_dir, exist_ok=True)
+        except OSError:
+            node_dir = None
+    if node_dir is not None:
+        if not os.path.exists(path):
+            data = bytes(_checked(origin.read(key), where))
+            tmp = f"{path}.{os.getpid()}.partial"
+            with open(tmp, "wb") as f:
+                f.write(data + crc32c(data).to_bytes(4, "little"))
+            os.replace(tmp, path)
+        return _checked(_map(path), where)
+    try:
+        return _checked(origin.read(key), where)
+    except FileNotFoundError:
+        raise StoreFormatError(f"{where}: the item table is missing; restore it from a good "
+                               "copy or reconvert the store") from None
+
+
+def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = None,
+                  tables: Callable[[str], str | None] | None = None,
+                  header: dict[str, Any] | None = None) -> tuple[Manifest, ArrayMetas]:
+    """A store's manifest and its array metadata.
+
+    ``tables(store_id)`` names a node directory to keep remote stores' item tables in;
+    ``header`` (a format-2 root attribute read before, e.g. by the process that pickled
+    a reader) pins that view of the store instead of reading its root again.
+    """
+    origin = Origin(url, storage_options, fs=fs)
+    meta = {"attributes": {MANIFEST_ATTR: header}} if header else read_root(origin, url)
+    data = meta.get("attributes", {}).get(MANIFEST_ATTR)
+    store_id = str(data.get("store_id", "")) if isinstance(data, dict) else ""
+
+    def table(key: str) -> memoryview:
+        return load_table(origin, url, f"{key}/c/0", tables(store_id) if tables else None,
+                          store_id)
+
+    manifest = Manifest.from_json(data, url, table=table)
+    consolidated = (meta.get("consolidated_metadata") or {}).get("metadata", {})
+    return manifest, ArrayMetas(manifest, consolidated)
+
+
+def table_objects(manifest: Manifest, shapes: dict[str, np.ndarray],
+                  present: dict[str, np.ndarray]) -> tuple[str, dict[str, bytes]]:
+    """A new table array's name and objects (``zarr.json`` and its one chunk)."""
+    data = np.frombuffer(pack(manifest.items, shapes, present), dtype=np.uint8)
+    name = f"zstore_items_{uuid.uuid4().hex[:12]}"
+    meta = array_meta(data.shape, data.dtype, data.shape, None, "none",
+                      {"zstore": "the item table of this store (names and shapes)"})
+    objects = {f"{name}/{k}": v for k, v in
+               encode_array(data, data.shape, None, "none", -1).items()}
+    objects[f"{name}/zarr.json"] = dumps(meta)
+    return name, objects
+
+
+def publish(dst: str, storage_options: dict[str, Any] | None, header: dict[str, Any],
+            objects: dict[str, bytes], attrs: dict[str, Any] | None = None) -> None:
+    """Write the table's objects, then the root ``zarr.json`` (one write, no
+    consolidated metadata) with ``header`` as its ``"zstore"`` attribute."""
+    writer = ObjectWriter(dst, storage_options)
+    writer.put(objects)
+    writer.put({"zarr.json": group_meta({**(attrs or {}), MANIFEST_ATTR: header})})
+
+
+def build(*, store_id: str, arrays: dict[str, ArrayInfo], names: list[str],
+          shapes: dict[str, np.ndarray], present: dict[str, np.ndarray], codec: str,
+          chunk_seconds: float, extra: dict[str, Any]) -> tuple[Manifest, dict[str, bytes]]:
+    """A format-2 manifest of ``names`` with per-array ``(items, ndim)`` shapes (rows of
+    -1 where an item lacks the array) and, for arrays some items lack, which have them
+    (see :func:`shape_rows`); and the objects of its item table."""
+    manifest = Manifest(store_id=store_id, arrays=arrays, items=names, lengths={},
+                        codec=codec, chunk_seconds=chunk_seconds, all_chunks_written=True,
+                        extra=extra)
+    table, objects = table_objects(manifest, shapes, present)
+    lengths = {n: shapes[n][:, a.time_axis % shapes[n].shape[1]]
+               for n, a in arrays.items() if a.rate is not None and n in shapes}
+    full = Manifest(store_id=store_id, arrays=arrays, items=names, lengths=lengths,
+                    codec=codec, chunk_seconds=chunk_seconds, all_chunks_written=True,
+                    present={n: np.flatnonzero(v) for n, v in present.items()},
+                    extra=extra, shapes=shapes, table=table)
+    return full, objects
+
+
+def shape_rows(items: list[dict[str, tuple[int, ...]]], arrays: dict[str, Any]
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Per array, the ``(items, ndim)`` shapes of ``items`` (name -> shape dicts), and
+    for arrays some items lack, which items have them."""
+    shapes, present = {}, {}
+    for name in arrays:
+        ndim = next((len(s[name]) for s in items if name in s), 0)
+        rows = np.full((len(items), ndim), -1, dtype=np.int64)
+        have = np.zeros(len(items), dtype=bool)
+        for i, s in enumerate(items):
+            if name in s:
+                rows[i] = s[name]
+                have[i] = True
+        shapes[name] = rows
+        if not have.all():
+            present[name] = have
+    return shapes, present
+
+
+def current_shapes(manifest: Manifest, metas: ArrayMetas
+                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Every item's array shapes and presence, as :func:`shape_rows` gives them.
+
+    A format-1 store's come from its consolidated metadata, and each item's metadata
+    must be what this zstore writes (else its geometry could not be derived from the
+    manifest, and the store must be reconverted)."""
+    n = len(manifest.items)
+    if manifest.shapes is not None:
+        present = {}
+        for name, have in manifest.present.items():
+            mask = np.zeros(n, dtype=bool)
+            mask[have] = True
+            present[name] = mask
+        return dict(manifest.shapes), present
+    items: list[dict[str, tuple[int, ...]]] = []
+    for i, item in enumerate(manifest.items):
+        shapes = {}
+        for name, info in manifest.arrays.items():
+            meta = metas.consolidated.get(f"{item}/{name}")
+            if meta is None:
+                continue
+            shape = tuple(int(x) for x in meta["shape"])
+            dtype = np.dtype(meta["data_type"])
+            if handles(manifest.codec, dtype, shape):
+                chunks, shards = geometry(shape, info.rate, info.time_axis,
+                                          manifest.chunk_seconds, dtype.itemsize)
+                mine = array_meta(shape, dtype, chunks, shards, manifest.codec,
+                                  meta.get("attributes"))
+                if mine != meta:
+                    raise StoreFormatError(
+                        f"{metas.manifest.items[i]}/{name}: written by an older zstore with "
+                        "another chunking; reconvert the store (zstore convert --overwrite)")
+            shapes[name] = shape
+        items.append(shapes)
+    return shape_rows(items, manifest.arrays)
+
+
+def upgrade(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+    """Rewrite a format-1 store's manifest as format 2 (metadata only; chunks, store id
+    and every cache entry stay valid).  A format-2 store is left as it is."""
+    manifest, metas = read_manifest(url, storage_options)
+    if manifest.shapes is not None:
+        return manifest
+    shapes, present = current_shapes(manifest, metas)
+    arrays = dict(manifest.arrays)
+    for name in arrays:
+        first = manifest.first_with(name)
+        meta = metas.consolidated.get(f"{first}/{name}") if first is not None else None
+        if meta is not None and arrays[name].dtype is None:
+            arrays[name] = dataclasses.replace(arrays[name], dtype=str(meta["data_type"]))
+    new, table = build(store_id=manifest.store_id, arrays=arrays, names=list(manifest.items),
+                       shapes=shapes, present=present, codec=manifest.codec,
+                       chunk_seconds=manifest.chunk_seconds, extra=dict(manifest.extra))
+    publish(url, storage_options, new.header(), table)
+    return new

@@ -209,7 +209,7 @@ def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
                                           -1 if axis is None else axis).items():
                 objects[prefix + key] = blob
         _parents(writer, item.name)
-        writer.put(objects)
+        writer.put(objects, atomic=False)  # the completion mark, written last, vouches
         if by_zarr:
             if root is None:
                 root = zarr.open_group(zarr_store(job.dst, job.storage_options,

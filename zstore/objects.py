@@ -77,8 +77,9 @@ def group_meta(attributes: dict[str, Any]) -> bytes:
 
 
 def dumps(doc: dict[str, Any]) -> bytes:
-    """JSON as zarr-python writes its metadata."""
-    return json.dumps(doc, indent=2, allow_nan=True).encode()
+    """Metadata JSON, compact: zarr-python indents it, but an indent takes json's pure
+    Python encoder, a third of the converter's time on small items."""
+    return json.dumps(doc, allow_nan=True, separators=(",", ":")).encode()
 
 
 class _ChunkEncoder:
@@ -198,7 +199,10 @@ class ObjectWriter:
                 pass
         return out
 
-    def put(self, objects: dict[str, bytes]) -> None:
+    def put(self, objects: dict[str, bytes], *, atomic: bool = True) -> None:
+        """Write ``objects``.  ``atomic=False`` (local paths) writes files in place, for
+        objects that something written after them vouches for (an item's chunks and
+        array metadata, before its completion mark): one file operation fewer each."""
         if self.fs is not None:
             self.fs.pipe({f"{self.root.rstrip('/')}/{k}": v for k, v in objects.items()})
             return
@@ -208,6 +212,10 @@ class ObjectWriter:
             if parent not in self._dirs:
                 os.makedirs(parent, exist_ok=True)
                 self._dirs.add(parent)
+            if not atomic:
+                with open(path, "wb") as f:
+                    f.write(value)
+                continue
             tmp = f"{path}.{os.getpid()}.partial"
             with open(tmp, "wb") as f:
                 f.write(value)

@@ -29,6 +29,10 @@ from bench_docs import private_bytes, replace_section  # noqa: E402
 
 MARK_BEGIN = "<!-- items: begin (tools/bench_items.py) -->"
 MARK_END = "<!-- items: end -->"
+BEFORE = ("Before the format-2 manifest (the issue's run, 10,000 items of 0.1 s, same "
+          "machine): a 38.5 MB root zarr.json (consolidated metadata, 1.7 KB per item), "
+          "1.1 s and +105 MB to open a dataset (again in every worker), `zstore info` "
+          "4.0 s, conversion 72 items/s.")
 
 
 def make_h5(path: Path, n: int) -> None:
@@ -148,17 +152,57 @@ def main() -> None:
     ap.add_argument("--data", default="bench-data/items")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--docs", default="docs")
+    ap.add_argument("--replot", action="store_true",
+                    help="rewrite the section and plot from docs/benchmarks-items.json")
     args = ap.parse_args()
-    data = Path(args.data)
-    data.mkdir(parents=True, exist_ok=True)
-    results = []
-    for n in args.sizes:
-        r = run_size(n, data, args.workers)
-        print(json.dumps(r), flush=True)
-        results.append(r)
-    with open(os.path.join(args.docs, "benchmarks-items.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    path = os.path.join(args.docs, "benchmarks-items.json")
+    if args.replot:
+        with open(path) as f:
+            results = json.load(f)
+    else:
+        data = Path(args.data)
+        data.mkdir(parents=True, exist_ok=True)
+        results = []
+        for n in args.sizes:
+            r = run_size(n, data, args.workers)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
     plot(results, os.path.join(args.docs, "benchmarks-items.png"))
+    write(results, args.docs)
+
+
+def _targets(results: list[dict]) -> list[str]:
+    big = max(results, key=lambda r: r["items"])
+    small = min(results, key=lambda r: r["items"])
+    grow_open = max(big["open_s"] / small["open_s"],
+                    big["worker"]["open_s"] / small["worker"]["open_s"])
+    mb = 1e6
+    grow_mem = max(big["private_bytes"], 0) / max(small["private_bytes"], 1)
+    rows = [
+        (f"open <= 1 s at {big['items']:,} items (main, worker)",
+         f"{big['open_s']:.3f} s, {big['worker']['open_s']:.3f} s",
+         max(big["open_s"], big["worker"]["open_s"]) <= 1),
+        (f"private memory <= 50 MB at {big['items']:,} (main, worker)",
+         f"{big['private_bytes'] / mb:.1f} MB, {big['worker']['private_bytes'] / mb:.1f} MB",
+         max(big["private_bytes"], big["worker"]["private_bytes"]) <= 50 * mb),
+        ("open time grows <= 1.5x from the smallest to the largest corpus",
+         f"x{grow_open:.2f} (worst of main and worker)", grow_open <= 1.5),
+        ("private memory grows <= 1.5x (main)",
+         f"x{grow_mem:.2f}: {small['private_bytes'] / mb:.1f} -> "
+         f"{big['private_bytes'] / mb:.1f} MB", grow_mem <= 1.5),
+        ("root metadata <= 100 B/item", f"{big['root_bytes_per_item']:.3f} B/item",
+         big["root_bytes_per_item"] <= 100),
+        ("conversion of 0.1 s items >= 1,000 items/s",
+         ", ".join(f"{r['convert_items_per_s']:,.0f}" for r in results),
+         min(r["convert_items_per_s"] for r in results) >= 1000),
+    ]
+    return ["| target | measured | met |", "|---|---|---|"] + \
+        [f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in rows]
+
+
+def write(results: list[dict], docs: str) -> None:
     lines = [MARK_BEGIN, "", "## A million items (tools/bench_items.py)", "",
              "Items of 0.1 s (`wav` 1 x 1,600 float32, `act` 2 x 10), one HDF5 file; each "
              "number from fresh processes; private memory is beyond the imports (torch, "
@@ -185,8 +229,12 @@ def main() -> None:
                   f"pages it touched, which its workers share), "
                   f"{(b['worker']['private_bytes'] - a['worker']['private_bytes']) / extra:+.0f}"
                   " B/item (worker)."]
-    lines += ["", "![items](benchmarks-items.png)", "", MARK_END]
-    replace_section(args.docs, MARK_BEGIN, MARK_END, "\n".join(lines))
+    lines += ["", *_targets(results), "", BEFORE, "", "![items](benchmarks-items.png)", "",
+              "Conversion is bound by file-system metadata: each item is 7 directories and 5 "
+              "files (mkdir takes 12-100 us on this machine's ext4), and the HDF5 scan "
+              "takes ~0.4 ms per item in the converting process. A packed layout for short "
+              "items would remove both per-item costs.", "", MARK_END]
+    replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
     print("\n".join(lines))
 
 

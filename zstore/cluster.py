@@ -66,7 +66,6 @@ def run_tasks(client: Any, fn: Callable[..., Any], job: Any, batches: Sequence[l
     here, as the local pool does."""
     import distributed
 
-    check_workers(client)
     futures = {client.submit(fn, job, batch, pure=False): batch for batch in batches}
     results: list[Any] = []
     try:

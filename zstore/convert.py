@@ -380,11 +380,11 @@ def batches(items: list[SourceItem], workers: int) -> list[list[SourceItem]]:
 def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any,
          client: Any = None) -> list[Any]:
     """``fn(job, batch)`` over batches of ``items``; its lists' elements, concatenated."""
-    tasks = batches(items, workers if client is None else len(client.nthreads()) or 1)
     if client is not None:
-        from zstore.cluster import run_tasks
+        from zstore.cluster import check_workers, run_tasks
 
-        return run_tasks(client, fn, job, tasks, bar)
+        return run_tasks(client, fn, job, batches(items, check_workers(client)), bar)
+    tasks = batches(items, workers)
     results: list[Any] = []
     if workers <= 1:
         for batch in tasks:

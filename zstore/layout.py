@@ -127,14 +127,21 @@ class Manifest:
         from zstore.table import unpack
 
         names, shapes, present = unpack(table(str(data["table"])), where)
-        arrays = common["arrays"]
-        lengths = {n: shapes[n][:, a.time_axis % shapes[n].shape[1]]
-                   for n, a in arrays.items() if a.rate is not None and n in shapes}
         known = {"format", "store_id", "arrays", "items", "codec", "chunk_seconds",
                  "all_chunks_written", "table"}
-        return cls(items=names, lengths=lengths, shapes=shapes, table=str(data["table"]),
-                   present={n: np.flatnonzero(v) for n, v in present.items()},
-                   extra={k: v for k, v in data.items() if k not in known}, **common)
+        return cls.of_table(names=names, shapes=shapes, present=present,
+                            table=str(data["table"]),
+                            extra={k: v for k, v in data.items() if k not in known}, **common)
+
+    @classmethod
+    def of_table(cls, *, names: Sequence[str], shapes: dict[str, np.ndarray],
+                 present: dict[str, np.ndarray], table: str, **rest: Any) -> Manifest:
+        """A format-2 manifest from its item table's contents: time arrays' lengths are
+        a column of their shapes, ``present`` (a bool per item) becomes positions."""
+        lengths = {n: shapes[n][:, a.time_axis % shapes[n].shape[1]]
+                   for n, a in rest["arrays"].items() if a.rate is not None and n in shapes}
+        return cls(items=names, lengths=lengths, shapes=shapes, table=table,
+                   present={n: np.flatnonzero(v) for n, v in present.items()}, **rest)
 
     @staticmethod
     def _common(data: dict[str, Any]) -> dict[str, Any]:
@@ -150,8 +157,10 @@ class Manifest:
     def _parse_v1(cls, data: dict[str, Any]) -> Manifest:
         known = {"format", "store_id", "arrays", "items", "lengths", "codec", "chunk_seconds",
                  "all_chunks_written", "present"}
+        from zstore.table import names_of
+
         return cls(
-            items=[str(x) for x in data["items"]],
+            items=names_of([str(x) for x in data["items"]]),
             lengths={n: np.asarray([int(x) for x in v], dtype=np.int64)
                      for n, v in data["lengths"].items()},
             present={n: np.asarray([int(i) for i in v], dtype=np.int64)

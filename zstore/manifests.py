@@ -16,7 +16,7 @@ import json
 import mmap
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -132,29 +132,25 @@ def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
     """The item table's bytes: mapped from a local store, or from the node's copy of a
     remote one (written once, by whichever process comes first), else read."""
     where = f"{url}/{key}"
-    if not is_url(url) and origin._fs_given is None:
-        path = os.path.join(local_path(url), key)
-        try:
-            return _checked(_map(path), where)
-        except FileNotFoundError:
-            raise StoreFormatError(f"{where}: the item table is missing; restore it from a "
-                                   "good copy or reconvert the store") from None
-    if node_dir is not None:
-        path = os.path.join(node_dir, f"{store_id}-{key.replace('/', '_')}")
+    local = not is_url(url) and origin._fs_given is None
+    path = os.path.join(local_path(url), key) if local else None
+    if node_dir is not None and not local:
         try:
             os.makedirs(node_dir, exist_ok=True)
+            path = os.path.join(node_dir, f"{store_id}-{key.replace('/', '_')}")
         except OSError:
-            node_dir = None
-    if node_dir is not None:
-        if not os.path.exists(path):
-            data = bytes(_checked(origin.read(key), where))
+            pass  # no node copy: this process reads its own
+    try:
+        if path is None:
+            return _checked(origin.read(key), where)
+        if not os.path.exists(path):  # a node copy to make (a local store's is there)
+            raw = origin.read(key)
+            _checked(raw, where)  # a damaged table is not copied for the node
             tmp = f"{path}.{os.getpid()}.partial"
             with open(tmp, "wb") as f:
-                f.write(data + crc32c(data).to_bytes(4, "little"))
+                f.write(raw)
             os.replace(tmp, path)
         return _checked(_map(path), where)
-    try:
-        return _checked(origin.read(key), where)
     except FileNotFoundError:
         raise StoreFormatError(f"{where}: the item table is missing; restore it from a good "
                                "copy or reconvert the store") from None
@@ -183,10 +179,10 @@ def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = No
     return manifest, ArrayMetas(manifest, consolidated)
 
 
-def table_objects(manifest: Manifest, shapes: dict[str, np.ndarray],
+def table_objects(names: Sequence[str], shapes: dict[str, np.ndarray],
                   present: dict[str, np.ndarray]) -> tuple[str, dict[str, bytes]]:
     """A new table array's name and objects (``zarr.json`` and its one chunk)."""
-    data = np.frombuffer(pack(manifest.items, shapes, present), dtype=np.uint8)
+    data = np.frombuffer(pack(names, shapes, present), dtype=np.uint8)
     name = f"zstore_items_{uuid.uuid4().hex[:12]}"
     meta = array_meta(data.shape, data.dtype, data.shape, None, "none",
                       {"zstore": "the item table of this store (names and shapes)"})
@@ -211,17 +207,12 @@ def build(*, store_id: str, arrays: dict[str, ArrayInfo], names: list[str],
     """A format-2 manifest of ``names`` with per-array ``(items, ndim)`` shapes (rows of
     -1 where an item lacks the array) and, for arrays some items lack, which have them
     (see :func:`shape_rows`); and the objects of its item table."""
-    manifest = Manifest(store_id=store_id, arrays=arrays, items=names, lengths={},
-                        codec=codec, chunk_seconds=chunk_seconds, all_chunks_written=True,
-                        extra=extra)
-    table, objects = table_objects(manifest, shapes, present)
-    lengths = {n: shapes[n][:, a.time_axis % shapes[n].shape[1]]
-               for n, a in arrays.items() if a.rate is not None and n in shapes}
-    full = Manifest(store_id=store_id, arrays=arrays, items=names, lengths=lengths,
-                    codec=codec, chunk_seconds=chunk_seconds, all_chunks_written=True,
-                    present={n: np.flatnonzero(v) for n, v in present.items()},
-                    extra=extra, shapes=shapes, table=table)
-    return full, objects
+    table, objects = table_objects(names, shapes, present)
+    manifest = Manifest.of_table(names=names, shapes=shapes, present=present, table=table,
+                                 store_id=store_id, arrays=arrays, codec=codec,
+                                 chunk_seconds=chunk_seconds, all_chunks_written=True,
+                                 extra=extra)
+    return manifest, objects
 
 
 def shape_rows(items: list[dict[str, tuple[int, ...]]], arrays: dict[str, Any]

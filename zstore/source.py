@@ -41,12 +41,6 @@ class SourcePlan:
     arrays: dict[str, ArrayInfo]
     skipped: list[str] = field(default_factory=list)  # "item/array: why"
 
-    def length(self, item: SourceItem, name: str) -> int:
-        """``name``'s length along time in ``item``; -1 where the item lacks it."""
-        info = self.arrays[name]
-        assert info.time_axis is not None
-        return item.shapes[name][info.time_axis] if name in item.shapes else -1
-
 
 def open_source(src: str | os.PathLike[str]) -> h5py.File:
     """Open the HDF5 file read-only, turning every failure into one clear error."""

@@ -120,6 +120,12 @@ def pack(names: Sequence[str], shapes: dict[str, np.ndarray],
     return bytes(out)
 
 
+def names_of(names: Sequence[str]) -> Names:
+    """A :class:`Names` of a list (a format-1 manifest's), so every store looks names up
+    the same way."""
+    return unpack(pack(names, {}), "names")[0]
+
+
 def unpack(buf: Any, where: str
            ) -> tuple[Names, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Names, shapes and presence (bool per item, for arrays some items lack), as views

@@ -13,6 +13,7 @@ Backend: nccl when CUDA is available, else gloo (CPU).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -118,6 +119,12 @@ def main() -> None:
         stats = zstore.cache_stats()
         print(f"cache: RAM hit rate {stats['ram']['hit_rate']:.1%}, origin "
               f"{stats['origin']['requests']} requests", flush=True)
+    # Tear down in a fixed order while every rank is still alive: DDP holds the process
+    # group, so drop it first; then destroy_process_group really ends the group's threads
+    # here rather than during interpreter exit, racing peers that already left.
+    del model, opt, loader
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -47,10 +47,13 @@ def append(src: Any, dst: str | os.PathLike[str], *, workers: int | None = None,
                manifest.codec)
     workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
     with cluster_client(dask) as client:
-        todo = write_missing(job, source, workers, progress, "append", client)
+        todo, written = write_missing(job, source, workers, progress, "append", client)
         if verify:
             _verify(job, source, workers, progress, client)
-    new, table = _extended(manifest, metas, source, files, store_bytes(dst, storage_options))
+    before = int(manifest.extra.get("store_bytes", -1))
+    nbytes = before + written if written is not None and before >= 0 else \
+        store_bytes(dst, storage_options)
+    new, table = _extended(manifest, metas, source, files, nbytes)
     publish(dst, storage_options, new.header(), table)
     total = sum(it.nbytes for it in source.items)
     return ConvertReport(items=len(new.items), converted=len(todo),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import json
 import ctypes
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import h5py
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
@@ -157,6 +159,8 @@ def _json_attr(value: Any) -> Any:
 
 
 def _attrs(obj: Any) -> dict[str, Any]:
+    if not h5py.h5a.get_num_attrs(obj.id):  # most have none: skip building the view
+        return {}
     return {k: _json_attr(v) for k, v in obj.attrs.items()}
 
 
@@ -175,9 +179,9 @@ def _geometry(shape: tuple[int, ...], info: ArrayInfo, chunk_seconds: float,
     return geometry(shape, info.rate, info.time_axis, chunk_seconds, itemsize)
 
 
-def _read(src_group: Any, item: SourceItem, name: str) -> np.ndarray:
+def _read(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.ndarray:
     try:
-        return src_group[name][()]
+        return (src_group[name] if ds is None else ds)[()]
     except (OSError, RuntimeError) as e:
         raise SourceError(f"{item.source}: reading '{item.group}/{name}' failed ({e}); the "
                           "file may be truncated or corrupt: re-copy it") from None
@@ -186,7 +190,7 @@ def _read(src_group: Any, item: SourceItem, name: str) -> np.ndarray:
 def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
     """Write a batch of items (one task); each is marked complete only after all its
     arrays are written.  Arrays of the converter's usual form are encoded here
-    (:mod:`zstore.objects`); others go through zarr's API."""
+    (:mod:`zstore.objects`); others go through zarr's API.  Each item's stored bytes."""
     writer = ObjectWriter(job.dst, job.storage_options)
     root: Any = None
     out = []
@@ -200,7 +204,7 @@ def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
             if not handles(job.codec, dtype, shape):
                 by_zarr.append(name)
                 continue
-            data = _read(src_group, item, name)
+            data = _read(src_group, item, name, ds)
             axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
             objects[prefix + "zarr.json"] = dumps(array_meta(
@@ -215,9 +219,10 @@ def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
                 root = zarr.open_group(zarr_store(job.dst, job.storage_options,
                                                   read_only=False), mode="r+")
             _write_by_zarr(job, root, src_group, item, by_zarr)
-        writer.put({f"{item.name}/zarr.json":
-                    group_meta({**_attrs(src_group), DONE_ATTR: True})})
-        out.append(item.nbytes)
+        mark = group_meta({**_attrs(src_group), DONE_ATTR: True})
+        writer.put({f"{item.name}/zarr.json": mark})
+        out.append(writer.du(item.name) if by_zarr else
+                   len(mark) + sum(len(v) for v in objects.values()))
     return out
 
 
@@ -377,24 +382,40 @@ def batches(items: list[SourceItem], workers: int) -> list[list[SourceItem]]:
     return out
 
 
+@contextmanager
+def local_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
+    """``workers`` worker processes (None for one), started now: their imports (numpy,
+    h5py, zarr: about a second) overlap the scan of the source."""
+    if workers <= 1:
+        yield None
+        return
+    ctx = mp.get_context("spawn")  # HDF5 handles do not survive fork
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                initializer=_die_with_parent,
+                                initargs=(os.getpid(),)) as pool:
+        for _ in range(workers):
+            pool.submit(int)  # a process starts per task while none is idle
+        yield pool
+
+
 def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any,
-         client: Any = None) -> list[Any]:
-    """``fn(job, batch)`` over batches of ``items``; its lists' elements, concatenated."""
+         client: Any = None, pool: cf.ProcessPoolExecutor | None = None) -> list[Any]:
+    """``fn(job, batch)`` over batches of ``items``; its lists' elements, concatenated.
+    Runs on ``client``'s cluster, in ``pool``, or in ``workers`` local processes."""
     if client is not None:
         from zstore.cluster import check_workers, run_tasks
 
         return run_tasks(client, fn, job, batches(items, check_workers(client)), bar)
     tasks = batches(items, workers)
     results: list[Any] = []
-    if workers <= 1:
+    if workers <= 1 and pool is None:
         for batch in tasks:
             results += fn(job, batch)
             bar.update(len(batch), sum(it.nbytes for it in batch))
         return results
-    ctx = mp.get_context("spawn")  # HDF5 handles do not survive fork
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                initializer=_die_with_parent,
-                                initargs=(os.getpid(),)) as pool:
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            pool = stack.enter_context(local_pool(workers))
         futures = {pool.submit(fn, job, batch): batch for batch in tasks}
         for fut in cf.as_completed(futures):
             results += fut.result()
@@ -459,40 +480,55 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
     src = files[0] if len(files) == 1 else f"{len(files)} sources"
     compressors(codec)
     check_options(chunk_seconds, workers)
-    source = plan(files, rates, time_axis)
-    check_chunks(source, chunk_seconds)
-    check_destination(dst, storage_options)
     options = {"rates": {k: float(v) for k, v in (rates or {}).items()},
                "time_axis": time_axis, "chunk_seconds": chunk_seconds, "codec": codec,
                "layout": LAYOUT}
-    fingerprint = corpus_fingerprint(files, options)
-    with cluster_client(dask) as client:  # before the destination is touched
-        try:
-            root, fresh = _prepare_destination(dst, storage_options, fingerprint, overwrite)
-        except OSError as e:
-            if isinstance(e, DestinationError):
-                raise
-            raise DestinationError(f"{dst}: cannot create the store there ({e}); choose a "
-                                   "writable destination") from None
-        total_src = sum(it.nbytes for it in source.items)
-        for s in source.skipped:
-            warnings.warn(f"{src}: skipping {s}", stacklevel=2)
-        job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
-        workers = max(1, min(workers or os.cpu_count() or 1, len(source.items)))
-        if root is None:  # finished earlier from the same source and options
-            if verify:
-                _verify(job, source, workers, progress, client)
-            report = _report(source, dst, storage_options, t0, 0, total_src)
-            report.verified, report.sources = verify, files
-            return report
-        todo = write_missing(job, source, workers, progress, "convert", client,
-                             fresh=fresh)
-        manifest, table = _manifest(source, codec, chunk_seconds, fingerprint,
-                                    store_bytes(dst, storage_options))
+    with contextlib.ExitStack() as stack:
+        pool = None if dask is not None else \
+            stack.enter_context(local_pool(workers or os.cpu_count() or 1))
+        source = plan(files, rates, time_axis)
+        check_chunks(source, chunk_seconds)
+        check_destination(dst, storage_options)
+        fingerprint = corpus_fingerprint(files, options)
+        client = stack.enter_context(cluster_client(dask))  # before the destination is touched
+        return _convert(job_args=(src, dst, storage_options, chunk_seconds, codec),
+                        source=source, files=files, fingerprint=fingerprint, workers=workers,
+                        overwrite=overwrite, verify=verify, progress=progress, client=client,
+                        pool=pool, t0=t0)
+
+
+def _convert(job_args: tuple[Any, ...], source: SourcePlan, files: list[str],
+             fingerprint: dict[str, Any], workers: int | None, overwrite: bool, verify: bool,
+             progress: bool, client: Any, pool: cf.ProcessPoolExecutor | None,
+             t0: float) -> ConvertReport:
+    """:func:`convert` once the source is planned and the workers are up."""
+    src, dst, storage_options, chunk_seconds, codec = job_args
+    try:
+        root, fresh = _prepare_destination(dst, storage_options, fingerprint, overwrite)
+    except OSError as e:
+        if isinstance(e, DestinationError):
+            raise
+        raise DestinationError(f"{dst}: cannot create the store there ({e}); choose a "
+                               "writable destination") from None
+    total_src = sum(it.nbytes for it in source.items)
+    for s in source.skipped:
+        warnings.warn(f"{src}: skipping {s}", stacklevel=3)
+    job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(source.items)))
+    if root is None:  # finished earlier from the same source and options
         if verify:
-            _verify(job, source, workers, progress, client)
-        publish(dst, storage_options, manifest.header(), table)
-    report = _report(source, dst, storage_options, t0, len(todo), total_src)
+            _verify(job, source, workers, progress, client, pool)
+        report = _report(source, dst, storage_options, t0, 0, total_src)
+        report.verified, report.sources = verify, files
+        return report
+    todo, written = write_missing(job, source, workers, progress, "convert", client,
+                                  fresh=fresh, pool=pool)
+    nbytes = written if written is not None else store_bytes(dst, storage_options)
+    manifest, table = _manifest(source, codec, chunk_seconds, fingerprint, nbytes)
+    if verify:
+        _verify(job, source, workers, progress, client, pool)
+    publish(dst, storage_options, manifest.header(), table)
+    report = _report(source, dst, storage_options, t0, len(todo), total_src, nbytes)
     report.verified, report.store_id = verify, manifest.store_id
     report.sources = files
     return report
@@ -511,10 +547,10 @@ def cluster_client(dask: Any) -> Iterator[Any]:
 
 
 def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool,
-            client: Any = None) -> None:
+            client: Any = None, pool: cf.ProcessPoolExecutor | None = None) -> None:
     bar = _Progress(len(source.items), "verify", progress)
     try:
-        problems = _run(_verify_items, job, source.items, workers, bar, client)
+        problems = _run(_verify_items, job, source.items, workers, bar, client, pool)
     finally:
         bar.close()
     if problems:
@@ -524,18 +560,21 @@ def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool,
 
 
 def write_missing(job: _Job, source: SourcePlan, workers: int, progress: bool, desc: str,
-                  client: Any = None, fresh: bool = False) -> list[SourceItem]:
+                  client: Any = None, fresh: bool = False,
+                  pool: cf.ProcessPoolExecutor | None = None
+                  ) -> tuple[list[SourceItem], int | None]:
     """Write the items of ``source`` not yet complete in the store (none are when it is
-    ``fresh``); the ones written."""
+    ``fresh``): the ones written, and their stored bytes when every item of ``source``
+    was written now (None when some were done before: the caller measures the store)."""
     done = set() if fresh else _finished_items(job, source.items)
     todo = [it for it in source.items if it.name not in done]
     bar = _Progress(len(source.items), desc, progress)
     bar.update(len(source.items) - len(todo), 0)
     try:
-        _run(_write_items, job, todo, workers, bar, client)
+        written = _run(_write_items, job, todo, workers, bar, client, pool)
     finally:
         bar.close()
-    return todo
+    return todo, (sum(written) if not done else None)
 
 
 def _finished_items(job: _Job, items: list[SourceItem]) -> set[str]:
@@ -572,9 +611,11 @@ def with_dtypes(source: SourcePlan) -> dict[str, ArrayInfo]:
 
 
 def _report(source: SourcePlan, dst: str, storage_options: dict[str, Any] | None,
-            t0: float, converted: int, total_src: int) -> ConvertReport:
+            t0: float, converted: int, total_src: int, nbytes: int | None = None
+            ) -> ConvertReport:
     return ConvertReport(
         items=len(source.items), converted=converted,
         already_done=len(source.items) - converted, source_bytes=total_src,
-        store_bytes=store_bytes(dst, storage_options), seconds=time.perf_counter() - t0,
+        store_bytes=store_bytes(dst, storage_options) if nbytes is None else nbytes,
+        seconds=time.perf_counter() - t0,
         arrays=source.arrays, skipped=source.skipped)

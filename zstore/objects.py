@@ -175,11 +175,21 @@ class ObjectWriter:
         else:
             self.root = local_path(url)
         self._dirs: set[str] = set()
+        if self.fs is None and os.path.isdir(self.root):
+            self._dirs.add(os.path.normpath(self.root))
         self.written_groups: set[str] = set()  # group documents this writer has put
 
     def exists(self, key: str) -> bool:
         path = f"{self.root.rstrip('/')}/{key}"
         return self.fs.exists(path) if self.fs is not None else os.path.exists(path)
+
+    def du(self, key: str) -> int:
+        """Bytes of the objects under ``key``."""
+        path = f"{self.root.rstrip('/')}/{key}"
+        if self.fs is not None:
+            return int(self.fs.du(path))
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
+                   for f in files)
 
     def read_many(self, keys: list[str]) -> dict[str, bytes]:
         """The objects of ``keys`` that exist (concurrent requests on remote stores)."""
@@ -199,6 +209,20 @@ class ObjectWriter:
                 pass
         return out
 
+    def _makedirs(self, path: str) -> None:
+        """``os.makedirs(path, exist_ok=True)`` that remembers what exists: a new item's
+        directories cost one mkdir each, with no stat before it."""
+        todo = []
+        while path not in self._dirs and os.path.dirname(path) != path:
+            todo.append(path)
+            path = os.path.dirname(path)
+        for d in reversed(todo):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                pass
+            self._dirs.add(d)
+
     def put(self, objects: dict[str, bytes], *, atomic: bool = True) -> None:
         """Write ``objects``.  ``atomic=False`` (local paths) writes files in place, for
         objects that something written after them vouches for (an item's chunks and
@@ -208,10 +232,9 @@ class ObjectWriter:
             return
         for key, value in objects.items():
             path = os.path.join(self.root, key)
-            parent = os.path.dirname(path)
+            parent = os.path.normpath(os.path.dirname(path))
             if parent not in self._dirs:
-                os.makedirs(parent, exist_ok=True)
-                self._dirs.add(parent)
+                self._makedirs(parent)
             if not atomic:
                 with open(path, "wb") as f:
                     f.write(value)

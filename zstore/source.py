@@ -68,37 +68,55 @@ def open_source(src: str | os.PathLike[str]) -> h5py.File:
 
 
 def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
-    """List the items of ``src`` and the datasets that cannot be stored (non-numeric)."""
+    """List the items of ``src`` and the datasets that cannot be stored (non-numeric).
+
+    Uses h5py's low-level API: one visit of the file's objects, then each dataset's
+    header opened once (about 4x faster than the high-level ``visititems``, which builds
+    a Group or Dataset object for every name; small items are mostly scan)."""
     items: list[SourceItem] = []
     skipped: list[str] = []
     path = os.fspath(src)
     with open_source(path) as f:
-        def visit(name: str, obj: Any) -> None:
-            if not isinstance(obj, h5py.Group):
-                return
-            shapes, dtypes, nbytes = {}, {}, 0
-            for key, ds in obj.items():
-                if not isinstance(ds, h5py.Dataset):
-                    continue
-                if ds.dtype.kind not in NUMERIC_KINDS or ds.dtype.names:
-                    skipped.append(f"{name}/{key}: non-numeric dtype {ds.dtype}")
-                    continue
-                shapes[key] = tuple(ds.shape)
-                dtypes[key] = ds.dtype
-                nbytes += ds.size * ds.dtype.itemsize
-            if shapes:
-                items.append(SourceItem(name, shapes, dtypes, nbytes, path, name))
         try:
-            f.visititems(visit)
-            root = [k for k, v in f.items() if isinstance(v, h5py.Dataset)]
+            found = _datasets(f.id)
         except (OSError, RuntimeError, KeyError) as e:
             raise SourceError(f"{path}: reading the file failed ({e}); it may be truncated "
                               "or corrupt: re-copy it") from None
-    skipped += [f"/{k}: dataset at the file's root, not in a group" for k in root]
+    groups: dict[str, list[tuple[str, tuple[int, ...], np.dtype]]] = {}
+    for full, shape, dtype in found:
+        group, _, key = full.rpartition("/")
+        if not group:
+            skipped.append(f"/{key}: dataset at the file's root, not in a group")
+        elif dtype.kind not in NUMERIC_KINDS or dtype.names:
+            skipped.append(f"{group}/{key}: non-numeric dtype {dtype}")
+        else:
+            groups.setdefault(group, []).append((key, shape, dtype))
+    for name, arrays in groups.items():
+        arrays.sort(key=lambda a: a[0])
+        items.append(SourceItem(name, {k: s for k, s, _ in arrays},
+                                {k: d for k, _, d in arrays},
+                                sum(math.prod(s) * d.itemsize for _, s, d in arrays),
+                                path, name))
     if not items:
         raise SourceError(f"{path}: holds no groups with numeric datasets; nothing to convert")
     items.sort(key=lambda it: it.name)
     return items, skipped
+
+
+def _datasets(fid: Any) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    """(path, shape, dtype) of every dataset in the file, each object visited once."""
+    names: list[bytes] = []
+
+    def visit(name: bytes, info: Any) -> None:
+        if info.type == h5py.h5o.TYPE_DATASET:
+            names.append(name)
+
+    h5py.h5o.visit(fid, visit, info=True)
+    out = []
+    for name in names:
+        ds = h5py.h5d.open(fid, name)
+        out.append((name.decode("utf-8", "surrogateescape"), ds.shape, ds.dtype))
+    return out
 
 
 def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:

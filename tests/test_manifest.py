@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 
@@ -15,7 +16,7 @@ import zstore
 from zstore.errors import StoreFormatError
 from zstore.objects import array_meta, encode_array
 
-from conftest import manifest_of, write_h5
+from conftest import edit_header, manifest_of, write_h5
 from test_cli import zstore_cli
 
 RATES = {"wav": 16000, "act": 100}
@@ -67,6 +68,25 @@ def test_a_damaged_item_table_is_an_error_naming_it(small_store, tmp_path):
     table.unlink()
     with pytest.raises(StoreFormatError, match="item table is missing"):
         zstore.WindowDataset(store, cache=False)
+
+
+def test_a_worker_rechecks_a_table_changed_since_its_parent_checked_it(small_store, tmp_path):
+    """A pickled dataset's workers skip re-reading the table its parent verified, but
+    only while the file is the same (inode, size, modification time)."""
+    store = tmp_path / "s.zarr"
+    shutil.copytree(small_store, store)
+    ds = zstore.WindowDataset(store, window_seconds=1.0, cache=False)
+    state = pickle.dumps(ds)
+    assert pickle.loads(state)[0]["item"] == ds[0]["item"]  # unchanged: opens
+    table = next(store.glob("zstore_items_*")) / "c" / "0"
+    before = table.stat().st_mtime_ns
+    raw = bytearray(table.read_bytes())
+    raw[40] ^= 0xFF
+    with open(table, "r+b") as f:  # in place: the same inode and size
+        f.write(raw)
+    os.utime(table, ns=(before + 10**9, before + 10**9))
+    with pytest.raises(StoreFormatError, match="item table.*checksum"):
+        pickle.loads(state)
 
 
 def _as_format_1(store) -> None:
@@ -123,6 +143,47 @@ def test_a_pickled_dataset_keeps_its_view_after_an_append(tmp_path):
     copy = pickle.loads(pickle.dumps(ds))  # what a DataLoader worker gets
     assert len(copy) == len(ds) == 2
     assert len(zstore.WindowDataset(dst, window_seconds=1.0, cache=False)) == 3
+
+
+def test_shortest_lengths_in_the_header_open_the_same_dataset(tmp_path):
+    """The header's shortest item lengths let a dataset skip reading every item's length
+    when the window fits them all; what it serves is the same as from a full scan, and an
+    append of a shorter item lowers them."""
+    many_items(tmp_path)
+    dst = tmp_path / "s.zarr"
+    zstore.convert(tmp_path / "many.h5", dst, rates=RATES, workers=1, progress=False)
+    shortest = manifest_of(dst).extra["min_lengths"]
+    assert (shortest["wav"], shortest["act"]) == (1600, 10)
+    fast = zstore.WindowDataset(dst, window_seconds=0.05, seed=4, fields=["wav", "act"],
+                                cache=False)
+    scanned_store = tmp_path / "scanned.zarr"
+    shutil.copytree(dst, scanned_store)
+    edit_header(scanned_store, lambda h: {k: v for k, v in h.items() if k != "min_lengths"})
+    scanned = zstore.WindowDataset(scanned_store, window_seconds=0.05, seed=4,
+                                   fields=["wav", "act"], cache=False)
+    assert len(fast) == len(scanned) == 300
+    from zstore.sizing import field_sizes
+    summed = manifest_of(scanned_store)
+    summed.extra.pop("sizes")
+    assert field_sizes(manifest_of(dst), fast.reader._metas) == \
+        field_sizes(summed, scanned.reader._metas)
+    assert fast.item_lengths() == scanned.item_lengths()
+    worker = pickle.loads(pickle.dumps(fast))
+    for i in (0, 1, 150, 299, -1):
+        a, b, c = fast[i], scanned[i], worker[i]
+        assert a["item"] == b["item"] == c["item"] and a["start"] == b["start"] == c["start"]
+        assert np.array_equal(a["wav"].numpy(), b["wav"].numpy())
+        assert np.array_equal(a["act"].numpy(), c["act"].numpy())
+
+    write_h5(tmp_path / "short.h5", {"tiny": {"wav": np.ones((1, 400), np.float32),
+                                              "act": np.ones((2, 2), np.float32)}})
+    zstore.append(tmp_path / "short.h5", dst, workers=1, progress=False)
+    shortest = manifest_of(dst).extra["min_lengths"]
+    assert (shortest["wav"], shortest["act"]) == (400, 2)
+    with pytest.warns(UserWarning, match="1 item"):
+        skipping = zstore.WindowDataset(dst, window_seconds=0.05, short="skip", cache=False,
+                                        fields=["wav", "act"])
+    assert skipping.short_items == ["tiny"] and len(skipping) == 300
 
 
 @pytest.mark.parametrize("shape,chunks,shards,codec,dtype", [

@@ -4,8 +4,8 @@
     python tools/bench_items.py --sizes 10000 100000 1000000
 
 Each corpus is one HDF5 file of N items of 0.1 s (``wav`` 1 x 1600 float32 at 16 kHz,
-``act`` 2 x 10 frames).  Measured per N, each in fresh processes: conversion items/s
-(``workers=2``); the root ``zarr.json`` and item-table bytes per item; ``WindowDataset``
+``act`` 2 x 10 frames).  Measured per N (opening: the best of 3 fresh processes):
+conversion items/s (``workers=2``); the root ``zarr.json`` and item-table bytes per item; ``WindowDataset``
 open time and private memory beyond the imports, in the main process and in a spawned
 worker that unpickles the dataset (as a DataLoader worker does) and reads a window;
 ``zstore info`` time.  Writes the section "A million items" of docs/benchmarks.md,
@@ -109,12 +109,18 @@ def run_size(n: int, data: Path, workers: int) -> dict:
     table = sum(p.stat().st_size for d in dst.glob("zstore_items_*") for p in d.rglob("*")
                 if p.is_file())
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as ram:
-        p = ctx.Process(target=measure_open, args=(str(dst), ram, q))
-        p.start()
-        opened = q.get(timeout=1200)
-        p.join(600)
+    runs = []
+    for _ in range(3):  # fresh processes each time; the best of each number
+        q = ctx.Queue()
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as ram:
+            p = ctx.Process(target=measure_open, args=(str(dst), ram, q))
+            p.start()
+            runs.append(q.get(timeout=1200))
+            p.join(600)
+    opened = {**runs[0], **{k: min(r[k] for r in runs)
+                            for k in ("open_s", "private_bytes", "info_s")},
+              "worker": {k: min(r["worker"][k] for r in runs)
+                         for k in ("open_s", "private_bytes")}}
     shutil.rmtree(dst, ignore_errors=True)
     return {"items": n, "convert_s": convert_s, "convert_items_per_s": n / convert_s,
             "root_bytes": root, "root_bytes_per_item": root / n,
@@ -204,10 +210,10 @@ def _targets(results: list[dict]) -> list[str]:
 
 def write(results: list[dict], docs: str) -> None:
     lines = [MARK_BEGIN, "", "## A million items (tools/bench_items.py)", "",
-             "Items of 0.1 s (`wav` 1 x 1,600 float32, `act` 2 x 10), one HDF5 file; each "
-             "number from fresh processes; private memory is beyond the imports (torch, "
-             "zstore). The worker unpickles the dataset as a DataLoader worker does and "
-             "reads a window. 2 cores.", "",
+             "Items of 0.1 s (`wav` 1 x 1,600 float32, `act` 2 x 10), one HDF5 file; "
+             "opening numbers are the best of 3 fresh processes; private memory is beyond "
+             "the imports (torch, zstore). The worker unpickles the dataset as a "
+             "DataLoader worker does and reads a window. 2 cores.", "",
              "| items | convert, items/s | root zarr.json, B/item | item table, B/item | "
              "open, main | private MB, main | open, worker | private MB, worker | "
              "`zstore info` |", "|---|---|---|---|---|---|---|---|---|"]
@@ -225,15 +231,20 @@ def write(results: list[dict], docs: str) -> None:
                   f"{(b['open_s'] - a['open_s']) * 1e3:+.0f} ms (main), "
                   f"{(b['worker']['open_s'] - a['worker']['open_s']) * 1e3:+.0f} ms (worker); "
                   f"private memory {(b['private_bytes'] - a['private_bytes']) / extra:+.0f} "
-                  f"B/item (main: the dataset's two int64 index arrays and the mapped table "
-                  f"pages it touched, which its workers share), "
+                  f"B/item (main), "
                   f"{(b['worker']['private_bytes'] - a['worker']['private_bytes']) / extra:+.0f}"
                   " B/item (worker)."]
     lines += ["", *_targets(results), "", BEFORE, "", "![items](benchmarks-items.png)", "",
-              "Conversion is bound by file-system metadata: each item is 7 directories and 5 "
-              "files (mkdir takes 12-100 us on this machine's ext4), and the HDF5 scan "
-              "takes ~0.4 ms per item in the converting process. A packed layout for short "
-              "items would remove both per-item costs.", "", MARK_END]
+              "Opening holds no per-item arrays when the window fits every item (the "
+              "header's shortest lengths and size totals say so); the main process reads "
+              "the item table once to check its checksum (~1 ms per 100,000 items) and its "
+              "workers trust that check while the file is unchanged. Conversion: each item "
+              "is 7 directories and 5 files written by the workers (mkdir takes 12-100 us "
+              "on this machine's ext4), and the HDF5 scan (h5py's low-level API, ~0.1 ms "
+              "per item) runs in the converting process while the workers start. A packed "
+              "layout for short items (many items per object) would cut the file count "
+              "further; at these rates it is not needed, so the store keeps one layout and "
+              "one read path.", "", MARK_END]
     replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
     print("\n".join(lines))
 

@@ -69,7 +69,7 @@ def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     sources = manifest.extra.get("sources", [])
     rates = {n: a.rate for n, a in manifest.arrays.items() if a.rate and not a.inferred}
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
-    source = plan(files, rates, axes)
+    source = plan(files, rates, axes, optional=True)
     prefix = stems(files) if len(sources) > 1 else None  # as the store names its items
     for it in source.items:
         it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group
@@ -104,6 +104,9 @@ def _extended(manifest: Manifest, metas: ArrayMetas, source: SourcePlan, files: 
     old_shapes, old_present = current_shapes(manifest, metas)
     new_shapes, new_present = shape_rows([it.shapes for it in source.items], manifest.arrays)
     n_old, n_new = len(manifest.items), len(source.items)
+    for name, rows in new_shapes.items():  # arrays no new item has: rows of -1
+        if rows.shape[1] != old_shapes[name].shape[1] and not (rows >= 0).any():
+            new_shapes[name] = np.full((n_new, old_shapes[name].shape[1]), -1, dtype=np.int64)
     shapes = {n: np.concatenate([old_shapes[n], new_shapes[n]]) for n in manifest.arrays}
     present = {n: np.concatenate([old_present.get(n, np.ones(n_old, dtype=bool)),
                                   new_present.get(n, np.ones(n_new, dtype=bool))])

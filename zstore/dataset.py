@@ -88,6 +88,25 @@ def common_lengths(lengths: dict[str, Any], rates: dict[str, float],
     return out
 
 
+class _Lengths:
+    """:func:`common_lengths` computed where asked (an item, a slice, positions), so a
+    dataset need not hold an array of every item's length."""
+
+    def __init__(self, lengths: dict[str, Any], rates: dict[str, float], coarse: str):
+        self.lengths = {n: lengths[n] for n in rates}
+        self.rates, self.coarse = rates, coarse
+
+    def __len__(self) -> int:
+        return len(self.lengths[self.coarse])
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, np.integer)):
+            part = {n: np.asarray([v[key]]) for n, v in self.lengths.items()}
+            return int(common_lengths(part, self.rates, self.coarse)[0])
+        return common_lengths({n: v[key] for n, v in self.lengths.items()}, self.rates,
+                              self.coarse)
+
+
 class WindowDataset(torch.utils.data.Dataset):
     """Item ``i`` is a random window of utterance ``i``, drawn from ``(seed, epoch, i)``.
 
@@ -179,10 +198,21 @@ class WindowDataset(torch.utils.data.Dataset):
         rate = self._rates[self._coarse] if self._coarse else 1.0
         self._window = None if self.window_seconds is None or not timed else \
             max(1, int(round(self.window_seconds * rate)))
-        self._lengths = common_lengths(manifest.lengths, self._rates, self._coarse) \
-            if self._coarse else np.zeros(len(manifest.items), dtype=np.int64)
         self._items = manifest.items
         self._field_lengths = {n: manifest.lengths[n] for n in timed}
+        if self._coarse is None:
+            self._lengths: Any = np.zeros(len(manifest.items), dtype=np.int64)
+        else:
+            self._lengths = _Lengths(manifest.lengths, self._rates, self._coarse)
+        if self._all_usable(manifest, names):
+            # Nothing to filter: no per-item arrays, so opening costs the same at any
+            # size, in this process and in every worker that unpickles the dataset.
+            self._index: Any = range(len(manifest.items))
+            self._short = np.zeros(0, dtype=np.int64)
+            self._check_window_size()
+            return
+        if self._coarse is not None:
+            self._lengths = self._lengths[:]
         self._index, short = usable_items(self._lengths, self._window, self.short, self._items)
         lacking = self._lacking(manifest, names)
         if len(lacking):
@@ -197,9 +227,26 @@ class WindowDataset(torch.utils.data.Dataset):
         self._short = short
         self._check_window_size()
 
+    def _all_usable(self, manifest: Any, names: list[str]) -> bool:
+        """Whether every item is served as it is, known without reading every item's
+        length: no item list, every item has every field, and the manifest's shortest
+        item is at least a window long."""
+        if self._selected is not None or self.short not in ("pad", "skip", "error") or \
+                any(manifest.items_with(n) is not None for n in names):
+            return False
+        if self._window is None or self._coarse is None:
+            return True
+        shortest = manifest.extra.get("min_lengths")
+        if not isinstance(shortest, dict) or any(n not in shortest for n in self._rates):
+            return False  # a store written before zstore recorded it: scan the lengths
+        mins = {n: np.asarray([shortest[n]], dtype=np.int64) for n in self._rates}
+        return int(common_lengths(mins, self._rates, self._coarse)[0]) >= self._window
+
     def _lacking(self, manifest: Any, names: list[str]) -> np.ndarray:
         """Items without some of ``names``: an error (``missing="error"``), or left out
         with a warning (``missing="skip"``) when the dataset is built."""
+        if all(manifest.items_with(n) is None for n in names):
+            return np.zeros(0, dtype=np.int64)
         has_all = np.ones(len(manifest.items), dtype=bool)
         for name in names:
             have = manifest.items_with(name)
@@ -230,10 +277,11 @@ class WindowDataset(torch.utils.data.Dataset):
         """Refuse a window so large that one item would not fit in memory."""
         if self._window is None or not len(self._index):
             return
-        first = self._items[int(self._index[0])]
+        position = int(self._index[0])
+        first = self._items[position]
         coarse_rate = self._rates[self._coarse]  # type: ignore[index]
         for name, rate in self._rates.items():
-            layout = self.reader.layout(first, name)
+            layout = self.reader.layout(first, name, position)
             nbytes = scale(self._window, coarse_rate, rate) * layout.step_nbytes
             if nbytes > MAX_WINDOW_BYTES:
                 raise ConfigError(
@@ -259,7 +307,10 @@ class WindowDataset(torch.utils.data.Dataset):
     def item_lengths(self) -> list[int]:
         """The length (frames of the coarsest field) of every item the dataset serves, in
         index order: index ``i`` reads item ``i // windows_per_item`` of this list."""
-        return self._lengths[self._index].tolist()
+        index = self._index
+        if isinstance(index, range):
+            return np.asarray(self._lengths[index.start:index.stop]).tolist()
+        return np.asarray(self._lengths[index]).tolist()
 
     def set_epoch(self, epoch: int) -> None:
         """Move to another draw of windows (call it before each epoch)."""
@@ -327,7 +378,7 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int | tuple[int, int]) -> dict[str, Any]:
         w = self.window(i)
-        arrays = self.reader.read(self._items[w.item], self._spans(w))
+        arrays = self.reader.read(self._items[w.item], self._spans(w), w.item)
         coarse_rate = self._rates[self._coarse] if self._coarse else 1.0
         out: dict[str, Any] = {name: torch.from_numpy(arr) for name, arr in arrays.items()}
         out["item"] = self._items[w.item]

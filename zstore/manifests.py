@@ -27,6 +27,7 @@ from zstore.layout import (MANIFEST_ATTR, ArrayInfo, Manifest, chunk_length, sha
                            step_nbytes)
 from zstore.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
 from zstore.origin import Origin, is_url, local_path
+from zstore.sizing import array_totals
 from zstore.table import pack
 
 
@@ -122,9 +123,48 @@ def _checked(buf: Any, where: str) -> memoryview:
     return view[:-4]
 
 
-def _map(path: str) -> mmap.mmap:
+#: Table files whose checksum was verified, as (path, inode, size, mtime): a process
+#: that pickles a reader passes them on (:func:`verified_tables`), so its DataLoader
+#: workers map the same unchanged file without reading all of it again.
+VERIFIED: set[tuple[str, int, int, int]] = set()
+
+
+def verified_tables(table: str | None) -> set[tuple[str, int, int, int]]:
+    """The files of item table ``table`` this process verified (see :data:`VERIFIED`)."""
+    if not table:
+        return set()
+    name = table.replace("/", "_")
+    return {v for v in VERIFIED if table in v[0] or name in v[0]}
+
+
+def _mapped_checked(path: str, where: str) -> memoryview:
+    """The table file mapped, its checksum verified by reading the file in blocks rather
+    than through the map: a process then maps only the pages it uses (a name looked up,
+    an item read), not the whole table, at any item count."""
     with open(path, "rb") as f:
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        st = os.fstat(f.fileno())
+        size = st.st_size
+        seen = (path, st.st_ino, size, st.st_mtime_ns)
+        crc, left = 0, size - 4
+        if seen in VERIFIED:  # this very file, unchanged, was verified by this process
+            left = 0          # or the one that pickled its reader
+            f.seek(size - 4)
+        while left > 0:
+            block = f.read(min(left, 1 << 20))
+            if not block:
+                break
+            crc = crc32c(block, crc)
+            left -= len(block)
+        trailer = f.read(4)
+        if seen not in VERIFIED and (size < 4 or left or
+                                     crc != int.from_bytes(trailer, "little")):
+            raise StoreFormatError(f"{where}: the item table fails its checksum; restore the "
+                                   "store's root objects from a good copy or reconvert it")
+        VERIFIED.add(seen)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mmap, "MADV_RANDOM"):  # map the page a lookup reads, not 16 around it
+            mapped.madvise(mmap.MADV_RANDOM)
+        return memoryview(mapped)[:-4]
 
 
 def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
@@ -150,7 +190,7 @@ def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
             with open(tmp, "wb") as f:
                 f.write(raw)
             os.replace(tmp, path)
-        return _checked(_map(path), where)
+        return _mapped_checked(path, where)
     except FileNotFoundError:
         raise StoreFormatError(f"{where}: the item table is missing; restore it from a good "
                                "copy or reconvert the store") from None
@@ -211,8 +251,24 @@ def build(*, store_id: str, arrays: dict[str, ArrayInfo], names: list[str],
     manifest = Manifest.of_table(names=names, shapes=shapes, present=present, table=table,
                                  store_id=store_id, arrays=arrays, codec=codec,
                                  chunk_seconds=chunk_seconds, all_chunks_written=True,
-                                 extra=extra)
+                                 extra={**extra, "min_lengths": min_lengths(arrays, shapes),
+                                        "sizes": array_totals(arrays, shapes, chunk_seconds)})
     return manifest, objects
+
+
+def min_lengths(arrays: dict[str, Any], shapes: dict[str, np.ndarray]) -> dict[str, int]:
+    """Per time array, its shortest length over the items that have it (0 when none
+    does): with it in the header, a dataset whose window fits every item opens without
+    reading every item's length."""
+    out = {}
+    for name, info in arrays.items():
+        rows = shapes.get(name)
+        if info.rate is None or rows is None or rows.ndim != 2 or not rows.shape[1]:
+            continue
+        column = rows[:, info.time_axis % rows.shape[1]]
+        column = column[column >= 0]
+        out[name] = int(column.min()) if len(column) else 0
+    return out
 
 
 def shape_rows(items: list[dict[str, tuple[int, ...]]], arrays: dict[str, Any]

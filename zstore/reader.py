@@ -33,7 +33,7 @@ from zstore.origin import Origin, is_url
 from zstore.shards import (DecodedShards, EncodedShards, Pieces, ShardForm, chunk_pieces,
                            release_free_memory)
 from zstore.sizing import field_sizes
-from zstore.manifests import read_manifest
+from zstore.manifests import VERIFIED, read_manifest, verified_tables
 from zstore.store import CachedStore
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
@@ -58,13 +58,16 @@ class WindowReader:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "cache": self.cache, "storage_options": self.storage_options,
-                "origin_fs": self.origin_fs, "fields": self.fields, "header": self._header}
+                "origin_fs": self.origin_fs, "fields": self.fields, "header": self._header,
+                "tables": verified_tables(self._header.get("table")) if self._header
+                else set()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], cache=state["cache"],
                       storage_options=state["storage_options"], origin_fs=state["origin_fs"],
                       fields=state.get("fields"))
         self._header = state.get("header")
+        VERIFIED.update(state.get("tables", ()))
 
     def open(self) -> WindowReader:
         """Read the manifest and set up this process's handles (idempotent per process)."""
@@ -125,16 +128,18 @@ class WindowReader:
             resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
         return "shard" if remote and fits else "range"
 
-    def layout(self, item: str, name: str) -> ArrayLayout:
+    def layout(self, item: str, name: str, position: int | None = None) -> ArrayLayout:
         """The geometry of ``item/name``: from the manifest (format 2) or the
-        consolidated metadata (format 1), else from the array's ``zarr.json``."""
+        consolidated metadata (format 1), else from the array's ``zarr.json``.
+        ``position``, the item's index when the caller knows it, saves a name lookup."""
         self.open()
         found = self._layouts.get((item, name))
         if found is None:
             if len(self._layouts) >= MAX_LAYOUTS:  # bounded, whatever the item count
                 self._layouts.clear()
             path = f"{item}/{name}"
-            meta = self._metas.get(path)
+            meta = self._metas.get(path) if position is None or \
+                self.manifest.shapes is None else self._metas.at(position, name)
             if meta is None:
                 try:
                     key = f"{path}/zarr.json"
@@ -162,11 +167,13 @@ class WindowReader:
                                        "reconvert the store") from None
         return dict(meta.get("attributes", {}))
 
-    def read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
-        """Read ``spans`` (per field; None = the whole array) of ``item``."""
+    def read(self, item: str, spans: dict[str, Span | None],
+             position: int | None = None) -> dict[str, np.ndarray]:
+        """Read ``spans`` (per field; None = the whole array) of ``item`` (at
+        ``position`` in the manifest, when the caller knows it)."""
         self.open()
         with self._lock:  # the unmapping thread edits the maps between reads
-            out = self._read(item, spans)
+            out = self._read(item, spans, position)
         self._trim()
         return out
 
@@ -177,8 +184,9 @@ class WindowReader:
             self.form.read_chunks = False
             release_free_memory()
 
-    def _read(self, item: str, spans: dict[str, Span | None]) -> dict[str, np.ndarray]:
-        out, plan = self._plan(item, spans)
+    def _read(self, item: str, spans: dict[str, Span | None],
+              position: int | None = None) -> dict[str, np.ndarray]:
+        out, plan = self._plan(item, spans, position)
         if plan:
             pieces = self._pieces(plan)
             for name, layout, span in plan:
@@ -207,14 +215,14 @@ class WindowReader:
         del jobs, pieces  # the fetched pieces go before the heap is trimmed
         self._trim()
 
-    def _plan(self, item: str, spans: dict[str, Span | None]
+    def _plan(self, item: str, spans: dict[str, Span | None], position: int | None = None
               ) -> tuple[dict[str, np.ndarray], list[tuple[str, ArrayLayout, Span]]]:
         """Arrays read through zarr (layouts this reader does not handle), and the plan of
         (field, layout, span) for the rest."""
         out: dict[str, np.ndarray] = {}
         plan: list[tuple[str, ArrayLayout, Span]] = []
         for name, span in spans.items():
-            layout = self.layout(item, name)
+            layout = self.layout(item, name, position)
             if span is not None and not 0 <= span.start <= span.stop <= layout.length:
                 raise ValueError(
                     f"{self.url}: window [{span.start}, {span.stop}) of '{item}/{name}' lies "

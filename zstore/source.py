@@ -202,14 +202,19 @@ def scan_all(files: list[str]) -> tuple[list[SourceItem], list[str]]:
 
 
 def plan(src: str | os.PathLike[str] | list[str], rates: dict[str, float] | None,
-         time_axis: int | dict[str, int] = -1) -> SourcePlan:
+         time_axis: int | dict[str, int] = -1, optional: bool = False) -> SourcePlan:
     """Scan the source file(s) and decide the rate of every array; raise on
-    contradictions."""
+    contradictions.  ``optional``: ``rates`` and a ``time_axis`` dict may name arrays
+    the files lack (an append's new items need not have every array of the store)."""
     files = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else list(src)
     path = files[0] if len(files) == 1 else f"{len(files)} sources ({files[0]}, ...)"
     items, skipped = scan_all(files)
     names = _check_same_arrays(items, path)
     rates = dict(rates or {})
+    if optional:
+        rates = {n: r for n, r in rates.items() if n in names}
+        if isinstance(time_axis, dict):
+            time_axis = {n: a for n, a in time_axis.items() if n in names}
     for name in rates:
         if name not in names:
             raise SourceError(f"--rate {name}=...: {path} has no array named '{name}' "

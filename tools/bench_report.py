@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import platform
 import statistics
 from typing import Any
@@ -215,11 +216,9 @@ def write_report(results: dict[str, Any], out: str) -> None:
     if os.path.exists(notes):
         lines += ["", open(notes).read().strip()]
     path = os.path.join(out, "benchmarks.md")
-    kept = ""  # sections of other tools (bench_budget.py, bench_loader.py) survive a rerun
+    kept = ""  # every other tool's marked section (bench_budget.py, ...) survives a rerun
     if os.path.exists(path):
         text = open(path).read()
-        for name in ("budget sweep", "training loop", "fsspec layer", "cluster"):
-            begin, end = f"<!-- {name}: begin", f"<!-- {name}: end -->"
-            if begin in text and end in text:
-                kept += "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"
+        for match in re.finditer(r"<!-- (.+?): begin.*?<!-- \1: end -->", text, re.S):
+            kept += "\n" + match.group(0) + "\n"
     open(path, "w").write("\n".join(lines) + "\n" + kept)

@@ -236,9 +236,16 @@ def warm_ssd(info: dict[str, Any], work: str) -> None:
     zstore.warm(info["store"], cache=config, progress=False, workers=2)
 
 
+def _plain(value: Any) -> Any:
+    """numpy scalars in the results (counts from numpy sums) as Python numbers."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def write(results: dict[str, Any], docs: str) -> None:
     with open(os.path.join(docs, "benchmarks-budget.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump(results, f, indent=1, default=_plain)
     ref = results["reference"]
     lines = [MARK_BEGIN, "", "## Beyond the RAM budget (tools/bench_budget.py)", "",
              f"{results['items']} items, {results['decoded_bytes'] / 1e6:.0f} MB decoded, "

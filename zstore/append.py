@@ -102,11 +102,9 @@ def _extended(manifest: Manifest, metas: ArrayMetas, source: SourcePlan, files: 
               nbytes: int) -> tuple[Manifest, dict[str, bytes]]:
     """The store's manifest with the new items after the old ones (same store id)."""
     old_shapes, old_present = current_shapes(manifest, metas)
-    new_shapes, new_present = shape_rows([it.shapes for it in source.items], manifest.arrays)
+    new_shapes, new_present = shape_rows([it.shapes for it in source.items], manifest.arrays,
+                                         {n: rows.shape[1] for n, rows in old_shapes.items()})
     n_old, n_new = len(manifest.items), len(source.items)
-    for name, rows in new_shapes.items():  # arrays no new item has: rows of -1
-        if rows.shape[1] != old_shapes[name].shape[1] and not (rows >= 0).any():
-            new_shapes[name] = np.full((n_new, old_shapes[name].shape[1]), -1, dtype=np.int64)
     shapes = {n: np.concatenate([old_shapes[n], new_shapes[n]]) for n in manifest.arrays}
     present = {n: np.concatenate([old_present.get(n, np.ones(n_old, dtype=bool)),
                                   new_present.get(n, np.ones(n_new, dtype=bool))])

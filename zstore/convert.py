@@ -221,8 +221,8 @@ def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
             _write_by_zarr(job, root, src_group, item, by_zarr)
         mark = group_meta({**_attrs(src_group), DONE_ATTR: True})
         writer.put({f"{item.name}/zarr.json": mark})
-        out.append(writer.du(item.name) if by_zarr else
-                   len(mark) + sum(len(v) for v in objects.values()))
+        out.append(store_bytes(f"{job.dst.rstrip('/')}/{item.name}", job.storage_options)
+                   if by_zarr else len(mark) + sum(len(v) for v in objects.values()))
     return out
 
 
@@ -483,26 +483,25 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
     options = {"rates": {k: float(v) for k, v in (rates or {}).items()},
                "time_axis": time_axis, "chunk_seconds": chunk_seconds, "codec": codec,
                "layout": LAYOUT}
+    wanted = workers or os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
-        pool = None if dask is not None else \
-            stack.enter_context(local_pool(workers or os.cpu_count() or 1))
+        pool = None if dask is not None else stack.enter_context(local_pool(wanted))
         source = plan(files, rates, time_axis)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)
         fingerprint = corpus_fingerprint(files, options)
         client = stack.enter_context(cluster_client(dask))  # before the destination is touched
-        return _convert(job_args=(src, dst, storage_options, chunk_seconds, codec),
-                        source=source, files=files, fingerprint=fingerprint, workers=workers,
-                        overwrite=overwrite, verify=verify, progress=progress, client=client,
-                        pool=pool, t0=t0)
+        job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
+        return _convert(job, source, files, fingerprint,
+                        workers=max(1, min(wanted, len(source.items))), overwrite=overwrite,
+                        verify=verify, progress=progress, client=client, pool=pool, t0=t0)
 
 
-def _convert(job_args: tuple[Any, ...], source: SourcePlan, files: list[str],
-             fingerprint: dict[str, Any], workers: int | None, overwrite: bool, verify: bool,
-             progress: bool, client: Any, pool: cf.ProcessPoolExecutor | None,
-             t0: float) -> ConvertReport:
+def _convert(job: _Job, source: SourcePlan, files: list[str], fingerprint: dict[str, Any], *,
+             workers: int, overwrite: bool, verify: bool, progress: bool, client: Any,
+             pool: cf.ProcessPoolExecutor | None, t0: float) -> ConvertReport:
     """:func:`convert` once the source is planned and the workers are up."""
-    src, dst, storage_options, chunk_seconds, codec = job_args
+    dst, storage_options = job.dst, job.storage_options
     try:
         root, fresh = _prepare_destination(dst, storage_options, fingerprint, overwrite)
     except OSError as e:
@@ -512,9 +511,7 @@ def _convert(job_args: tuple[Any, ...], source: SourcePlan, files: list[str],
                                "writable destination") from None
     total_src = sum(it.nbytes for it in source.items)
     for s in source.skipped:
-        warnings.warn(f"{src}: skipping {s}", stacklevel=3)
-    job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
-    workers = max(1, min(workers or os.cpu_count() or 1, len(source.items)))
+        warnings.warn(f"{job.src}: skipping {s}", stacklevel=3)
     if root is None:  # finished earlier from the same source and options
         if verify:
             _verify(job, source, workers, progress, client, pool)
@@ -524,7 +521,7 @@ def _convert(job_args: tuple[Any, ...], source: SourcePlan, files: list[str],
     todo, written = write_missing(job, source, workers, progress, "convert", client,
                                   fresh=fresh, pool=pool)
     nbytes = written if written is not None else store_bytes(dst, storage_options)
-    manifest, table = _manifest(source, codec, chunk_seconds, fingerprint, nbytes)
+    manifest, table = _manifest(source, job.codec, job.chunk_seconds, fingerprint, nbytes)
     if verify:
         _verify(job, source, workers, progress, client, pool)
     publish(dst, storage_options, manifest.header(), table)

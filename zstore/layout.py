@@ -40,6 +40,14 @@ class ArrayInfo:
     dtype: str | None = None  # format 2: every item's dtype of this array
 
 
+def time_lengths(arrays: dict[str, ArrayInfo], shapes: dict[str, np.ndarray]
+                 ) -> dict[str, np.ndarray]:
+    """Each time array's length per item: a column of its ``(items, ndim)`` shapes (-1
+    where an item lacks it)."""
+    return {n: shapes[n][:, a.time_axis % shapes[n].shape[1]] for n, a in arrays.items()
+            if a.rate is not None and n in shapes and shapes[n].shape[1]}
+
+
 @dataclass(frozen=True, eq=False)
 class Manifest:
     """The store's table of contents: the root group's ``"zstore"`` attribute, and from
@@ -138,9 +146,8 @@ class Manifest:
                  present: dict[str, np.ndarray], table: str, **rest: Any) -> Manifest:
         """A format-2 manifest from its item table's contents: time arrays' lengths are
         a column of their shapes, ``present`` (a bool per item) becomes positions."""
-        lengths = {n: shapes[n][:, a.time_axis % shapes[n].shape[1]]
-                   for n, a in rest["arrays"].items() if a.rate is not None and n in shapes}
-        return cls(items=names, lengths=lengths, shapes=shapes, table=table,
+        return cls(items=names, lengths=time_lengths(rest["arrays"], shapes), shapes=shapes,
+                   table=table,
                    present={n: np.flatnonzero(v) for n, v in present.items()}, **rest)
 
     @staticmethod

@@ -24,7 +24,7 @@ from crc32c import crc32c
 
 from zstore.errors import StoreFormatError
 from zstore.layout import (MANIFEST_ATTR, ArrayInfo, Manifest, chunk_length, shard_length,
-                           step_nbytes)
+                           step_nbytes, time_lengths)
 from zstore.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
 from zstore.origin import Origin, is_url, local_path
 from zstore.sizing import array_totals
@@ -115,11 +115,15 @@ def read_root(origin: Origin, url: str) -> dict[str, Any]:
     return meta
 
 
+def _bad_checksum(where: str) -> StoreFormatError:
+    return StoreFormatError(f"{where}: the item table fails its checksum; restore the "
+                            "store's root objects from a good copy or reconvert it")
+
+
 def _checked(buf: Any, where: str) -> memoryview:
     view = memoryview(buf)
     if len(view) < 4 or crc32c(view[:-4]) != int.from_bytes(view[-4:], "little"):
-        raise StoreFormatError(f"{where}: the item table fails its checksum; restore the "
-                               "store's root objects from a good copy or reconvert it")
+        raise _bad_checksum(where)
     return view[:-4]
 
 
@@ -142,29 +146,25 @@ def _mapped_checked(path: str, where: str) -> memoryview:
     than through the map: a process then maps only the pages it uses (a name looked up,
     an item read), not the whole table, at any item count."""
     with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        size = st.st_size
-        seen = (path, st.st_ino, size, st.st_mtime_ns)
-        crc, left = 0, size - 4
-        if seen in VERIFIED:  # this very file, unchanged, was verified by this process
-            left = 0          # or the one that pickled its reader
-            f.seek(size - 4)
-        while left > 0:
-            block = f.read(min(left, 1 << 20))
-            if not block:
-                break
-            crc = crc32c(block, crc)
-            left -= len(block)
-        trailer = f.read(4)
-        if seen not in VERIFIED and (size < 4 or left or
-                                     crc != int.from_bytes(trailer, "little")):
-            raise StoreFormatError(f"{where}: the item table fails its checksum; restore the "
-                                   "store's root objects from a good copy or reconvert it")
-        VERIFIED.add(seen)
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(mmap, "MADV_RANDOM"):  # map the page a lookup reads, not 16 around it
-            mapped.madvise(mmap.MADV_RANDOM)
-        return memoryview(mapped)[:-4]
+        seen = _identity(path, f.fileno())
+        if seen not in VERIFIED:  # else verified by this process or the one that
+            crc, left = 0, seen[2] - 4  # pickled its reader, and unchanged since
+            while left > 0:
+                block = f.read(min(left, 1 << 20))
+                if not block:
+                    break
+                crc = crc32c(block, crc)
+                left -= len(block)
+            if seen[2] < 4 or left or crc != int.from_bytes(f.read(4), "little"):
+                raise _bad_checksum(where)
+            VERIFIED.add(seen)
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))[:-4]
+
+
+def _identity(path: str, fd: int) -> tuple[str, int, int, int]:
+    """What says a file is unchanged: (path, inode, size, modification time)."""
+    st = os.fstat(fd)
+    return path, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
@@ -189,6 +189,8 @@ def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
             tmp = f"{path}.{os.getpid()}.partial"
             with open(tmp, "wb") as f:
                 f.write(raw)
+                f.flush()  # the last write sets the modification time
+                VERIFIED.add(_identity(path, f.fileno()))  # checked just above
             os.replace(tmp, path)
         return _mapped_checked(path, where)
     except FileNotFoundError:
@@ -248,36 +250,32 @@ def build(*, store_id: str, arrays: dict[str, ArrayInfo], names: list[str],
     -1 where an item lacks the array) and, for arrays some items lack, which have them
     (see :func:`shape_rows`); and the objects of its item table."""
     table, objects = table_objects(names, shapes, present)
+    lengths = time_lengths(arrays, shapes)
     manifest = Manifest.of_table(names=names, shapes=shapes, present=present, table=table,
                                  store_id=store_id, arrays=arrays, codec=codec,
                                  chunk_seconds=chunk_seconds, all_chunks_written=True,
-                                 extra={**extra, "min_lengths": min_lengths(arrays, shapes),
-                                        "sizes": array_totals(arrays, shapes, chunk_seconds)})
+                                 extra={**extra, "min_lengths": min_lengths(lengths),
+                                        "sizes": array_totals(arrays, shapes, lengths,
+                                                              chunk_seconds)})
     return manifest, objects
 
 
-def min_lengths(arrays: dict[str, Any], shapes: dict[str, np.ndarray]) -> dict[str, int]:
+def min_lengths(lengths: dict[str, np.ndarray]) -> dict[str, int]:
     """Per time array, its shortest length over the items that have it (0 when none
     does): with it in the header, a dataset whose window fits every item opens without
     reading every item's length."""
-    out = {}
-    for name, info in arrays.items():
-        rows = shapes.get(name)
-        if info.rate is None or rows is None or rows.ndim != 2 or not rows.shape[1]:
-            continue
-        column = rows[:, info.time_axis % rows.shape[1]]
-        column = column[column >= 0]
-        out[name] = int(column.min()) if len(column) else 0
-    return out
+    return {name: int(column[column >= 0].min()) if (column >= 0).any() else 0
+            for name, column in lengths.items()}
 
 
-def shape_rows(items: list[dict[str, tuple[int, ...]]], arrays: dict[str, Any]
+def shape_rows(items: list[dict[str, tuple[int, ...]]], arrays: dict[str, Any],
+               ndims: dict[str, int] | None = None
                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Per array, the ``(items, ndim)`` shapes of ``items`` (name -> shape dicts), and
     for arrays some items lack, which items have them."""
     shapes, present = {}, {}
     for name in arrays:
-        ndim = next((len(s[name]) for s in items if name in s), 0)
+        ndim = next((len(s[name]) for s in items if name in s), (ndims or {}).get(name, 0))
         rows = np.full((len(items), ndim), -1, dtype=np.int64)
         have = np.zeros(len(items), dtype=bool)
         for i, s in enumerate(items):

@@ -183,14 +183,6 @@ class ObjectWriter:
         path = f"{self.root.rstrip('/')}/{key}"
         return self.fs.exists(path) if self.fs is not None else os.path.exists(path)
 
-    def du(self, key: str) -> int:
-        """Bytes of the objects under ``key``."""
-        path = f"{self.root.rstrip('/')}/{key}"
-        if self.fs is not None:
-            return int(self.fs.du(path))
-        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
-                   for f in files)
-
     def read_many(self, keys: list[str]) -> dict[str, bytes]:
         """The objects of ``keys`` that exist (concurrent requests on remote stores)."""
         if not keys:

@@ -35,20 +35,19 @@ def _totals(lengths: np.ndarray, step_nbytes: int, chunk: int, shard: int) -> li
 
 
 def array_totals(arrays: dict[str, Any], shapes: dict[str, np.ndarray],
-                 chunk_seconds: float) -> dict[str, list[int]]:
-    """Per time array, [decoded bytes, shards, chunks] over every item, with the first
-    item's chunking as the converter writes it (what :func:`field_sizes` derives from
-    its metadata); kept in a format-2 header, so opening a store does not sum every
-    item's length."""
+                 lengths: dict[str, np.ndarray], chunk_seconds: float) -> dict[str, list[int]]:
+    """Per time array (``lengths``: its length per item), [decoded bytes, shards, chunks]
+    over every item, with the first item's chunking as the converter writes it (what
+    :func:`field_sizes` derives from its metadata); kept in a format-2 header, so opening
+    a store does not sum every item's length."""
     from zstore.manifests import geometry
 
     out = {}
-    for name, info in arrays.items():
-        rows = shapes.get(name)
-        if info.rate is None or info.dtype is None or rows is None or rows.ndim != 2 \
-                or not rows.shape[1]:
+    for name, column in lengths.items():
+        info, rows = arrays[name], shapes[name]
+        if info.dtype is None:
             continue
-        have = np.flatnonzero(rows[:, 0] >= 0)
+        have = np.flatnonzero(column >= 0)
         if not len(have):
             continue
         first = tuple(int(x) for x in rows[have[0]])
@@ -60,7 +59,7 @@ def array_totals(arrays: dict[str, Any], shapes: dict[str, np.ndarray],
         chunks, shards = geometry(first, info.rate, axis, chunk_seconds, itemsize)
         step = int(np.prod([s for i, s in enumerate(first) if i != axis])) * itemsize
         shard = shards[axis] if shards is not None and first[axis] else 1
-        out[name] = _totals(rows[:, axis], step, chunks[axis], shard)
+        out[name] = _totals(column, step, chunks[axis], shard)
     return out
 
 

@@ -30,8 +30,8 @@ from zstore.fetch import ChunkSource
 from zstore.layout import ArrayLayout, Span, parse_array_meta
 from zstore.mapped import MappedValues
 from zstore.origin import Origin, is_url
-from zstore.shards import (DecodedShards, EncodedShards, Pieces, ShardForm, chunk_pieces,
-                           release_free_memory)
+from zstore.shards import (TRIM_AFTER, DecodedShards, EncodedShards, Pieces, ShardForm,
+                           chunk_pieces, release_free_memory)
 from zstore.sizing import field_sizes
 from zstore.manifests import VERIFIED, read_manifest, verified_tables
 from zstore.store import CachedStore
@@ -178,11 +178,14 @@ class WindowReader:
         return out
 
     def _trim(self) -> None:
-        """Hand the heap back after windows read as chunks (their decoded temporaries
-        would otherwise stay with this process, outside the shared RAM budget)."""
-        if self.form is not None and self.form.read_chunks:
-            self.form.read_chunks = False
-            release_free_memory()
+        """Hand the heap back after a read that decoded many chunks (a batch's decoded
+        temporaries would otherwise stay with this process, outside the shared RAM
+        budget); a single window's stay for the next one to reuse (see TRIM_AFTER)."""
+        if self.form is not None and self.form.chunk_bytes:
+            many = self.form.chunk_bytes > TRIM_AFTER
+            self.form.chunk_bytes = 0
+            if many:
+                release_free_memory()
 
     def _read(self, item: str, spans: dict[str, Span | None],
               position: int | None = None) -> dict[str, np.ndarray]:

@@ -29,6 +29,12 @@ from zstore.mapped import Mapped, MappedValues
 from zstore.origin import describe
 
 SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
+#: Decoded chunk bytes of one read above which the reader trims the heap afterwards.
+#: A single window's (~6 MB here) are left in the heap for the next window to reuse:
+#: trimming after each window made the next one page-fault them in again, which
+#: doubled the time to read and decode a chunk and made a RAM tier holding a third of
+#: the data slower than none (docs/benchmarks-notes.md).  A batch's (~100 MB) go back.
+TRIM_AFTER = 32 * 2**20
 Pieces = dict[tuple[str, int], tuple[int, np.ndarray]]  # (path, n) -> (time offset, array)
 Plan = list[tuple[str, ArrayLayout, Span]]
 
@@ -56,7 +62,7 @@ class ShardForm(abc.ABC):
                  values: MappedValues):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
         self.ram = values.ram
-        self.read_chunks = False
+        self.chunk_bytes = 0  # decoded bytes of chunks read since the reader last looked
 
     def key(self, layout: ArrayLayout, s: int) -> str:
         return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
@@ -86,8 +92,9 @@ class ShardForm(abc.ABC):
         if missing:
             pieces.update(self._build(missing))
         if direct:  # encoded chunks stay out of the RAM tier: it holds shards
-            pieces.update(chunk_pieces(self.source, direct, ram=False))
-            self.read_chunks = True  # the reader trims the heap once they are freed
+            chunks = chunk_pieces(self.source, direct, ram=False)
+            self.chunk_bytes += sum(arr.nbytes for _, arr in chunks.values())
+            pieces.update(chunks)
         return pieces
 
     def _build(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:

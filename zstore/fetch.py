@@ -2,8 +2,9 @@
 
 :class:`ChunkSource` turns (array, chunk) pairs into decoded chunks.  Everything a
 call needs that the tiers miss is fetched from the origin in one concurrent
-batch; with ``fetch="shard"`` a whole shard is read on first touch and all its
-chunks go into the tiers.
+batch; with ``fetch="shard"`` a whole shard is read on first touch and kept whole in
+the SSD tier (:mod:`zstore.wholeshards`), or, without one, all its chunks go into the
+RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from zstore.decode import EMPTY, decode_chunk, decode_index, fill_chunk
 from zstore.errors import IntegrityError, MissingDataError
 from zstore.layout import ArrayLayout
 from zstore.origin import Origin, Request, describe
+from zstore.wholeshards import Held, WholeShards
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
 COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size
@@ -37,6 +39,8 @@ class ChunkSource:
         self.url, self.origin, self.tiers, self.fetch = url, origin, tiers, fetch
         self.complete = complete
         self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.whole = WholeShards(url, tiers) if tiers is not None and tiers.ssd is not None \
+            else None
 
     def _missing(self, obj: str, what: str) -> MissingDataError:
         return missing_error(self.url, obj, what)
@@ -51,6 +55,13 @@ class ChunkSource:
                 found[obj] = self._indexes[obj]
             else:
                 todo[obj] = layout
+        if todo and self.whole is not None:  # a shard the SSD tier holds whole has its index
+            with self.whole.values.lock:
+                for obj, layout in list(todo.items()):
+                    held = self.whole.held(layout, obj, [])
+                    if held is not None:
+                        found[obj] = held.index
+                        del todo[obj]
         if todo:
             keys = [f"{obj}#s{layout.index_bytes}" for obj, layout in todo.items()]
             requests = [(obj, -layout.index_bytes, None) for obj, layout in todo.items()]
@@ -89,10 +100,13 @@ class ChunkSource:
             ) -> list[tuple[Request | None, bytes | memoryview | None]]:
         """The encoded bytes of (layout, chunk number) pairs and the origin request each
         came from; (None, None) for a chunk never written (stores of other writers)."""
-        indexes = self.index([(layout, k // layout.chunks_per_shard)
-                              for layout, k in need if layout.sharded])
+        held = self._held(need)
+        indexes = self.index([(layout, k // layout.chunks_per_shard) for layout, k in need
+                              if layout.sharded and
+                              layout.object_key(k // layout.chunks_per_shard) not in held])
         keys, requests, slots = [], [], []
         layouts: dict[str, ArrayLayout] = {}
+        out: list[tuple[Request | None, bytes | memoryview | None]] = [(None, None)] * len(need)
         for i, (layout, k) in enumerate(need):
             obj = layout.object_key(k // layout.chunks_per_shard)
             if not layout.sharded:  # one object per chunk
@@ -100,18 +114,23 @@ class ChunkSource:
                 requests.append((obj, None, None))
                 slots.append(i)
                 continue
-            layouts[obj] = layout
-            offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
+            whole = held.get(obj)
+            offset, nbytes = (whole.index if whole is not None else indexes[obj])[
+                k % layout.chunks_per_shard]
             if offset == EMPTY and self.complete:
                 raise self._missing(obj, f"chunk {k % layout.chunks_per_shard} of shard")
             if offset == EMPTY:  # never written: the fill value
                 continue
+            if whole is not None:
+                start, stop = int(offset), int(offset + nbytes)
+                out[i] = ((obj, start, stop), whole.payload[start:stop])
+                continue
+            layouts[obj] = layout
             start, stop = int(offset), int(offset + nbytes)
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
             slots.append(i)
         values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
-        out: list[tuple[Request | None, bytes | memoryview | None]] = [(None, None)] * len(need)
         for i, request, data in zip(slots, requests, values):
             out[i] = (request, data)
         if self.complete:
@@ -120,6 +139,67 @@ class ChunkSource:
                     raise self._missing(layout.object_key(k // layout.chunks_per_shard),
                                         "chunk")
         return out
+
+    def _held(self, need: list[tuple[ArrayLayout, int]]) -> dict[str, Held]:
+        """The shards of ``need`` at hand whole: mapped from the SSD tier, or (with
+        ``fetch="shard"``) fetched whole now and kept there."""
+        if self.whole is None:
+            return {}
+        wanted: dict[str, tuple[ArrayLayout, list[int]]] = {}
+        for layout, k in need:
+            if layout.sharded:
+                obj = layout.object_key(k // layout.chunks_per_shard)
+                wanted.setdefault(obj, (layout, []))[1].append(k % layout.chunks_per_shard)
+        held: dict[str, Held] = {}
+        with self.whole.values.lock:  # its unmapping thread edits the maps
+            for obj, (layout, chunks) in wanted.items():
+                found = self.whole.held(layout, obj, chunks)
+                if found is not None:
+                    held[obj] = found
+        todo = {obj: wanted[obj] for obj in wanted if obj not in held}
+        if todo and self.fetch == "shard":
+            held.update(self._fetch_whole(todo))
+        return held
+
+    def keep_whole(self, layout: ArrayLayout) -> None:
+        """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
+        one at a time; shards it holds already are left alone."""
+        if self.whole is None or not layout.sharded:
+            return
+        for s in range(-(-layout.length // layout.shard)):
+            obj = layout.object_key(s)
+            with self.whole.values.lock:
+                if self.whole.held(layout, obj, []) is not None:
+                    continue
+            self._fetch_whole({obj: (layout, [])})
+
+    def _fetch_whole(self, todo: dict[str, tuple[ArrayLayout, list[int]]]
+                     ) -> dict[str, Held]:
+        """Fetch shard objects whole (one concurrent origin round) into the SSD tier,
+        once for the node: the fill lock's holder fetches, the others find it mapped."""
+        assert self.whole is not None
+        held: dict[str, Held] = {}
+        with self.whole.locked(list(todo)):
+            with self.whole.values.lock:
+                for obj, (layout, chunks) in todo.items():
+                    found = self.whole.held(layout, obj, chunks, again=True)
+                    if found is not None:
+                        held[obj] = found
+            objs = [obj for obj in todo if obj not in held]
+            for obj, data in zip(objs, self._read([(o, None, None) for o in objs])):
+                layout = todo[obj][0]
+                if data is None and self.complete:
+                    raise self._missing(obj, "shard")
+                if data is None:  # a shard the store never wrote: all fill value
+                    index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
+                    held[obj] = Held(index, b"")
+                    continue
+                view = memoryview(data)
+                index = decode_index(layout, view[len(view) - layout.index_bytes:],
+                                     f"{self.url}: {obj} (shard index)")
+                self.whole.put(obj, view)
+                held[obj] = Held(index, view)
+        return held
 
     def decode(self, layout: ArrayLayout, request: Request | None,
                data: bytes | memoryview | None) -> np.ndarray:

@@ -1,9 +1,10 @@
-"""RAM-tier values a process maps read-only and keeps mapped: decoded or encoded shards.
+"""Tier values a process maps read-only and keeps mapped: decoded or encoded shards in
+the RAM tier, whole shard objects in the SSD tier.
 
 A value is looked up in the tier once per process; after that a hit is one dict
 lookup.  Every process follows the node's eviction log and drops its maps of
 evicted files (on its next read, and from a daemon thread while idle), so their
-tmpfs pages are freed and node memory stays within the RAM budget.
+pages are freed and node memory stays within the RAM budget.
 """
 
 from __future__ import annotations
@@ -35,16 +36,16 @@ class Mapped:
 
 
 class MappedValues:
-    """The values of one RAM tier that this process has mapped.
+    """The values of one tier that this process has mapped.
 
     ``lock`` guards the maps: readers hold it for a whole read, the unmapping thread
     while it drops maps.
     """
 
-    def __init__(self, ram: Tier):
-        self.ram = ram
+    def __init__(self, tier: Tier):
+        self.tier = tier
         self.maps: OrderedDict[str, Mapped] = OrderedDict()
-        self.evicted_seen = ram.evictions.head()
+        self.evicted_seen = tier.evictions.head()
         self.lock = threading.Lock()
         _start_unmapper(self)
 
@@ -55,19 +56,19 @@ class MappedValues:
         a build lock, not counted as a miss."""
         entry = self.maps.get(key)
         if entry is not None:
-            if self.ram.evictions.head() != self.evicted_seen:
+            if self.tier.evictions.head() != self.evicted_seen:
                 self.drop_evicted()
                 return self.get(key, make_view, again=again)
-            self.ram.stats.add("ram_hits")
-            self.ram.touch(key)
+            self.tier.stats.add(f"{self.tier.name}_hits")
+            self.tier.touch(key)
             return entry
-        got = self.ram.get_mapped(key, count_miss=not again)
+        got = self.tier.get_mapped(key, count_miss=not again)
         if got is None:
             return None
         checked, path, ino = got
         view = make_view(checked)
         if view is None:  # the value does not fit its form: corrupt, drop it
-            self.ram.drop(key)
+            self.tier.drop(key)
             return None
         entry = self.maps[key] = Mapped(view, checked, path, ino)
         if len(self.maps) > MAX_MAPS:
@@ -77,11 +78,11 @@ class MappedValues:
     def discard(self, key: str) -> None:
         """Unmap a value found corrupt and drop it from the tier, so it is rebuilt."""
         self.maps.pop(key, None)
-        self.ram.drop(key)
+        self.tier.drop(key)
 
     def drop_evicted(self) -> None:
         """Unmap values evicted by any process, so their tmpfs pages are freed."""
-        self.evicted_seen, inodes = self.ram.evictions.since(self.evicted_seen)
+        self.evicted_seen, inodes = self.tier.evictions.since(self.evicted_seen)
         if inodes is None:  # more evictions than the log holds: check every map
             gone = [k for k, m in self.maps.items() if not _alive(m.path, m.ino)]
         else:
@@ -103,7 +104,7 @@ def _start_unmapper(values: MappedValues) -> None:
             current = ref()
             if current is None or os.getpid() != pid:
                 return
-            if current.ram.evictions.head() != current.evicted_seen:
+            if current.tier.evictions.head() != current.evicted_seen:
                 with current.lock:
                     current.drop_evicted()
             del current

@@ -61,7 +61,7 @@ class ShardForm(abc.ABC):
     def __init__(self, url: str, tiers: TieredCache, source: ChunkSource,
                  values: MappedValues):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
-        self.ram = values.ram
+        self.ram = values.tier
         self.chunk_bytes = 0  # decoded bytes of chunks read since the reader last looked
 
     def key(self, layout: ArrayLayout, s: int) -> str:

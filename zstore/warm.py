@@ -20,6 +20,10 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
          seed: int = 0) -> dict[str, int]:
     """Read every chunk of ``fields`` once, so the tiers hold them (within their budgets).
 
+    When the SSD tier can hold the whole store, it keeps each shard as one object (read
+    whole from the origin), which a window reads by slicing its map (see
+    :mod:`zstore.wholeshards`); otherwise it keeps the chunks the reads fill.
+
     ``nodes``/``node_rank``: warm only the items ``zstore.NodeSampler`` (same ``seed``,
     every item served) assigns to node ``node_rank`` of ``nodes``.
     """
@@ -36,6 +40,8 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
     if nodes is not None:
         items = node_share(manifest, names, nodes, node_rank, seed)
     local = threading.local()
+    ssd = first.tiers.ssd if first.tiers is not None else None
+    whole = ssd is not None and ssd.budget >= int(manifest.extra.get("store_bytes", 2**62))
 
     def one(item: str) -> int:
         reader = getattr(local, "reader", None)
@@ -44,6 +50,9 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
         position = positions[item]
         spans = {n: Span(0, reader.layout(item, n).length) for n in names
                  if have[n] is None or position in have[n]}  # arrays some items lack
+        if whole:
+            for n in spans:
+                reader.source.keep_whole(reader.layout(item, n))
         return sum(a.nbytes for a in reader.read(item, spans).values())
 
     total = 0

@@ -78,13 +78,10 @@ class ChunkSource:
                     self._indexes.popitem(last=False)
         return found
 
-    def chunks(self, need: list[tuple[ArrayLayout, int]], *, ram: bool) -> list[np.ndarray]:
-        """Decoded chunks for (layout, chunk number) pairs; ``ram``: keep encoded bytes in RAM."""
-        return list(self.iter_chunks(need, ram=ram))
-
     def iter_chunks(self, need: list[tuple[ArrayLayout, int]], *, ram: bool
                     ) -> Iterator[np.ndarray]:
-        """Like :meth:`chunks`, but each chunk is decoded when the caller asks for it.
+        """Decoded chunks for (layout, chunk number) pairs, each decoded when the caller
+        asks for it (``ram``: keep encoded bytes in RAM).
 
         The bytes are fetched in one batch first (one concurrent origin round); decoding
         one chunk at a time keeps a single decoded chunk alive instead of a whole shard's.

@@ -30,7 +30,7 @@ from zstore.fetch import ChunkSource
 from zstore.layout import ArrayLayout, Span, parse_array_meta
 from zstore.mapped import MappedValues
 from zstore.origin import Origin, is_url
-from zstore.shards import (TRIM_AFTER, DecodedShards, EncodedShards, Pieces, ShardForm,
+from zstore.shards import (TRIM_AFTER, DecodedShards, EncodedShards, Lazy, Pieces, ShardForm,
                            chunk_pieces, release_free_memory)
 from zstore.sizing import field_sizes
 from zstore.manifests import VERIFIED, read_manifest, verified_tables
@@ -303,6 +303,8 @@ def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces,
             continue
         dst[axis] = slice(lo - span.start, hi - span.start)
         src[axis] = slice(lo - offset, hi - offset)
+        if isinstance(arr, Lazy):
+            arr = arr.decoded()
         out[tuple(dst)] = arr[tuple(src)]
         covered += hi - lo
     if covered != span.stop - span.start:  # never hand out np.empty's leftover memory

@@ -51,6 +51,24 @@ def test_batches_equal_a_dataloaders(small_store, cache, kind):
             same(a, b)
 
 
+@pytest.mark.parametrize("tiers", ["encoded-ram", "ssd-whole-shards", "ssd-chunks"])
+def test_threads_decoding_chunks_give_the_right_windows(small_store, tmp_path, tiers):
+    """Windows read as chunks are decoded in the copy threads, each into its own reused
+    buffer: many threads, same windows as an uncached dataset."""
+    ssd = dict(ssd_dir=tmp_path / "ssd", ssd_bytes="64MB", fetch="range")
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="encoded",
+                             **ssd) if tiers == "encoded-ram" else \
+        zstore.CacheConfig(ram_dir=None, ram_bytes=0, **ssd)
+    if tiers == "ssd-whole-shards":
+        zstore.warm(small_store, cache=cfg, progress=False, workers=1)
+    ds = dataset(small_store, cfg)
+    reference = DataLoader(dataset(small_store, False), batch_size=6)
+    loader = zstore.WindowLoader(ds, 6, threads=4, prefetch=2)
+    for _ in range(2):  # cold, then from the tiers
+        for a, b in zip(list(loader), list(reference)):
+            same(a, b)
+
+
 def test_shuffle_is_seeded_and_changes_with_the_epoch(small_store, cache):
     ds = dataset(small_store, cache)
     a = zstore.WindowLoader(ds, 2, shuffle=True, seed=5)

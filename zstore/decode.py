@@ -28,23 +28,42 @@ def strip_crc(buf: memoryview, where: str) -> memoryview:
     return body
 
 
-def decode_chunk(layout: ArrayLayout, data: bytes | memoryview, where: str) -> np.ndarray:
-    """Decode one inner chunk to an array of ``layout.chunk_shape``."""
+def decode_chunk(layout: ArrayLayout, data: bytes | memoryview, where: str,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """Decode one inner chunk to an array of ``layout.chunk_shape``; into ``out`` (a
+    buffer of at least ``layout.chunk_nbytes``, reused by the caller) when the last
+    codec is blosc, which saves an allocation and keeps the bytes in cache."""
     buf: bytes | memoryview = memoryview(data)
-    for codec in reversed(layout.codecs):
-        name = codec["name"]
+    expected = layout.chunk_nbytes
+    for i in range(len(layout.codecs) - 1, -1, -1):
+        name = layout.codecs[i]["name"]
         if name == "crc32c":
             buf = strip_crc(memoryview(buf), where)
         elif name == "blosc":
-            buf = numcodecs.blosc.decompress(buf)
+            buf = _unblosc(buf, out if i == 0 else None, expected, where)
         elif name == "zstd":
             buf = numcodecs.zstd.decompress(buf)
         else:
             raise IntegrityError(f"{where}: codec {name!r} is not decodable here")
-    expected = layout.chunk_nbytes
     if len(buf) != expected:
         raise IntegrityError(f"{where}: decoded {len(buf)} bytes, expected {expected}")
     return np.frombuffer(buf, dtype=layout.dtype).reshape(layout.chunk_shape)
+
+
+def _unblosc(buf: bytes | memoryview, out: np.ndarray | None, expected: int,
+             where: str) -> bytes | memoryview:
+    try:
+        if out is None:
+            return numcodecs.blosc.decompress(buf)
+        head = memoryview(buf)[:16]  # blosc's header: nbytes is a uint32 at offset 4
+        size = int.from_bytes(head[4:8], "little") if len(head) == 16 else -1
+        if size != expected:
+            raise IntegrityError(f"{where}: decodes to {size} bytes, expected {expected}")
+        target = memoryview(out).cast("B")[:expected]
+        numcodecs.blosc.decompress(buf, target)
+        return target
+    except (RuntimeError, ValueError) as e:  # bytes blosc cannot read
+        raise IntegrityError(f"{where}: blosc cannot decode the bytes ({e})") from None
 
 
 def decode_index(layout: ArrayLayout, data: bytes | memoryview, where: str) -> np.ndarray:

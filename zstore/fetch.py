@@ -199,16 +199,18 @@ class ChunkSource:
         return held
 
     def decode(self, layout: ArrayLayout, request: Request | None,
-               data: bytes | memoryview | None) -> np.ndarray:
-        """Decode one chunk's bytes; a chunk never written is the fill value; bytes that
-        fail their check are fetched once more from the origin, past the tiers."""
+               data: bytes | memoryview | None, out: np.ndarray | None = None
+               ) -> np.ndarray:
+        """Decode one chunk's bytes (into ``out`` where it can, see ``decode_chunk``); a
+        chunk never written is the fill value; bytes that fail their check are fetched
+        once more from the origin, past the tiers."""
         if data is None or request is None:
             return fill_chunk(layout)
         where = f"{self.url}: {describe(*request)}"
         try:
-            return decode_chunk(layout, data, where)
+            return decode_chunk(layout, data, where, out)
         except IntegrityError:
-            return decode_chunk(layout, self.origin.read(*request), where)
+            return decode_chunk(layout, self.origin.read(*request), where, out)
 
     def fetch_many(self, keys: list[str], requests: list[Request], *, ram: bool,
                    layouts: dict[str, ArrayLayout]) -> list[bytes | memoryview | None]:

@@ -178,14 +178,12 @@ class WindowReader:
         return out
 
     def _trim(self) -> None:
-        """Hand the heap back after a read that decoded many chunks (a batch's decoded
-        temporaries would otherwise stay with this process, outside the shared RAM
-        budget); a single window's stay for the next one to reuse (see TRIM_AFTER)."""
-        if self.form is not None and self.form.chunk_bytes:
-            many = self.form.chunk_bytes > TRIM_AFTER
+        """Hand the heap back once the windows read as chunks since the last time have
+        decoded TRIM_AFTER bytes (their temporaries would otherwise stay with this
+        process, outside the shared RAM budget)."""
+        if self.form is not None and self.form.chunk_bytes > TRIM_AFTER:
             self.form.chunk_bytes = 0
-            if many:
-                release_free_memory()
+            release_free_memory()
 
     def _read(self, item: str, spans: dict[str, Span | None],
               position: int | None = None) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import ctypes
 import mmap
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -31,12 +32,14 @@ from zstore.mapped import Mapped, MappedValues
 from zstore.origin import describe
 
 SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
-#: Decoded chunk bytes of one read above which the reader trims the heap afterwards.
-#: A single window's (~6 MB here) are left in the heap for the next window to reuse:
-#: trimming after each window made the next one page-fault them in again, which
-#: doubled the time to read and decode a chunk and made a RAM tier holding a third of
-#: the data slower than none (docs/benchmarks-notes.md).  A batch's (~100 MB) go back.
-TRIM_AFTER = 32 * 2**20
+#: Decoded chunk bytes after which the reader trims the heap (then counts again).
+#: Trimming after every window read as chunks made the next window page-fault its
+#: temporaries back in, which doubled the time to read and decode a chunk and made a
+#: RAM tier holding a third of the data slower than none; never trimming let each
+#: reader's private memory grow ~20-30 MB per pass over its windows (glibc keeps freed
+#: heap).  Every ~10 windows costs a fraction of one refault and keeps it flat
+#: (docs/benchmarks-notes.md).
+TRIM_AFTER = 64 * 2**20
 Plan = list[tuple[str, ArrayLayout, Span]]
 
 
@@ -54,7 +57,15 @@ class Lazy:
         self._decode = decode
 
     def decoded(self) -> np.ndarray:
-        return self._decode()
+        """The chunk, decoded into this thread's scratch buffer: valid until the
+        thread decodes its next chunk, so copy it out at once."""
+        buf = getattr(_SCRATCH, "buf", None)
+        if buf is None or len(buf) < self.nbytes:
+            buf = _SCRATCH.buf = np.empty(self.nbytes, dtype=np.uint8)
+        return self._decode(out=buf)
+
+
+_SCRATCH = threading.local()  # one chunk's decode buffer per thread
 
 
 #: (path, n) -> (time offset, array or chunk to decode)
@@ -86,7 +97,7 @@ class ShardForm(abc.ABC):
                  values: MappedValues):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
         self.ram = values.tier
-        self.chunk_bytes = 0  # decoded bytes of chunks read since the reader last looked
+        self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
 
     def key(self, layout: ArrayLayout, s: int) -> str:
         return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")

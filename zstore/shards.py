@@ -37,9 +37,9 @@ SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the h
 #: temporaries back in, which doubled the time to read and decode a chunk and made a
 #: RAM tier holding a third of the data slower than none; never trimming let each
 #: reader's private memory grow ~20-30 MB per pass over its windows (glibc keeps freed
-#: heap).  Every ~10 windows costs a fraction of one refault and keeps it flat
-#: (docs/benchmarks-notes.md).
-TRIM_AFTER = 64 * 2**20
+#: heap), and every 64 MB still ~10 MB.  Every ~3 windows (16 MB) keeps it flat with 4
+#: ranks, and costs a fraction of a refault per window (docs/benchmarks-notes.md).
+TRIM_AFTER = 16 * 2**20
 Plan = list[tuple[str, ArrayLayout, Span]]
 
 

@@ -1,9 +1,10 @@
 """``ram_format="auto"``: what the RAM tier holds, chosen from the data's size and the budget.
 
 Measured (docs/benchmarks.md, "Beyond the RAM budget"): a warm decoded shard serves a
-window at the copy limit, an encoded chunk costs its decode plus a lookup per chunk
-whether it comes from the RAM tier or a page-cached SSD tier.  So decoded shards are the
-better use of RAM at every budget, with admission keeping the resident share stable:
+window at the copy limit, an encoded chunk costs its decode whether it comes from the
+RAM tier or a page-cached SSD tier holding whole shards.  So decoded shards are as good
+a use of RAM as encoded ones or better at every budget (0.94-1.04x the better of the
+two in one process, ahead with 4 ranks), with admission keeping the resident share stable:
 a window whose shard is resident is a copy, the others decode their chunks from the SSD
 tier.  Only when no SSD tier can hold the store does the compressed form earn the RAM:
 it keeps ~2x more of the store off the origin.

@@ -118,12 +118,11 @@ class ChunkSource:
                 raise self._missing(obj, f"chunk {k % layout.chunks_per_shard} of shard")
             if offset == EMPTY:  # never written: the fill value
                 continue
+            start, stop = int(offset), int(offset + nbytes)
             if whole is not None:
-                start, stop = int(offset), int(offset + nbytes)
                 out[i] = ((obj, start, stop), whole.payload[start:stop])
                 continue
             layouts[obj] = layout
-            start, stop = int(offset), int(offset + nbytes)
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
             slots.append(i)

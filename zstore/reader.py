@@ -89,6 +89,9 @@ class WindowReader:
         self.format_choice = self._choose_format(resolved) if self.tiers else None
         self.origin = Origin(self.url, self.storage_options, fs=self.origin_fs,
                              max_requests=resolved.max_requests if resolved else 16)
+        #: The node's SSD tier can hold the whole store (as the manifest sizes it).
+        self.ssd_holds_store = resolved is not None and resolved.ssd_dir is not None and \
+            resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
         self.fetch = self._fetch_mode(resolved)
         self.source = ChunkSource(self.url, self.origin, self.tiers, self.fetch,
                                   complete=self.manifest.all_chunks_written)
@@ -124,9 +127,7 @@ class WindowReader:
         if mode != "auto":
             return mode
         remote = is_url(self.url) or self.origin_fs is not None
-        fits = resolved is not None and resolved.ssd_dir is not None and \
-            resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
-        return "shard" if remote and fits else "range"
+        return "shard" if remote and self.ssd_holds_store else "range"
 
     def layout(self, item: str, name: str, position: int | None = None) -> ArrayLayout:
         """The geometry of ``item/name``: from the manifest (format 2) or the

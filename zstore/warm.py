@@ -40,8 +40,6 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
     if nodes is not None:
         items = node_share(manifest, names, nodes, node_rank, seed)
     local = threading.local()
-    ssd = first.tiers.ssd if first.tiers is not None else None
-    whole = ssd is not None and ssd.budget >= int(manifest.extra.get("store_bytes", 2**62))
 
     def one(item: str) -> int:
         reader = getattr(local, "reader", None)
@@ -50,7 +48,7 @@ def warm(url: str, *, fields: Sequence[str] | None = None, cache: CacheConfig | 
         position = positions[item]
         spans = {n: Span(0, reader.layout(item, n).length) for n in names
                  if have[n] is None or position in have[n]}  # arrays some items lack
-        if whole:
+        if first.ssd_holds_store:  # a no-op where the SSD tier was refused
             for n in spans:
                 reader.source.keep_whole(reader.layout(item, n))
         return sum(a.nbytes for a in reader.read(item, spans).values())

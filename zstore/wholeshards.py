@@ -36,11 +36,10 @@ class Held:
     """The chunks of one shard object at hand: its index and its bytes (a map of the
     SSD tier's value, or the object just fetched)."""
 
-    __slots__ = ("index", "payload", "checked")
+    __slots__ = ("index", "payload")
 
-    def __init__(self, index: np.ndarray, payload: memoryview | bytes,
-                 checked: Checked | None = None):
-        self.index, self.payload, self.checked = index, payload, checked
+    def __init__(self, index: np.ndarray, payload: memoryview | bytes):
+        self.index, self.payload = index, payload
 
     def chunk(self, n: int) -> tuple[int, int] | None:
         """(start, stop) of chunk ``n`` in the object; None when it was never written."""
@@ -76,7 +75,7 @@ class WholeShards:
                 self._absent.clear()
             self._absent.add(key)
             return None
-        found = Held(got.view, got.checked.payload, got.checked)
+        found = Held(got.view, got.checked.payload)
         for n in wanted:
             span = found.chunk(n)
             if span is not None and not got.checked.verify(*span):

@@ -7,7 +7,7 @@
 # distribution's own python3 refuses pip installs, PEP 668). torch goes first, pinned to a
 # CPU build (torch==2.13.0): a bare "torch" requirement with no torch installed would
 # download a multi-GB CUDA build. A second run with the same pyproject.toml and extras
-# installs nothing.
+# installs nothing (the C extension is rebuilt when its source changes).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ -n "${PYTHON:-}" ]]; then
@@ -31,7 +31,7 @@ else
 fi
 extras=${1:-}
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
-stamp="$stamp_dir/.zstore-setup-$(cat pyproject.toml | cksum | cut -d' ' -f1)-${extras:-base}"
+stamp="$stamp_dir/.zstore-setup-$(cat pyproject.toml zstore/_stream.c | cksum | cut -d' ' -f1)-${extras:-base}"
 if [[ ! -f "$stamp" ]] || ! "$PY" -c "import zstore, torch" 2>/dev/null; then
     if ! "$PY" -c "import torch" 2>/dev/null; then
         "$PY" -m pip install --quiet torch==2.13.0

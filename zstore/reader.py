@@ -35,6 +35,7 @@ from zstore.shards import (TRIM_AFTER, DecodedShards, EncodedShards, Lazy, Piece
 from zstore.sizing import field_sizes
 from zstore.manifests import VERIFIED, read_manifest, verified_tables
 from zstore.store import CachedStore
+from zstore.streamcopy import copy_streamed
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
@@ -200,7 +201,9 @@ class WindowReader:
                    copy: Callable[[list[Callable[[], None]]], None] | None = None) -> None:
         """Read many windows into ``outs`` (one dict of arrays of the exact window shapes
         per window): the misses of all of them go to the tiers and the origin in one
-        round; ``copy`` runs the copies (e.g. in a thread pool; default: in turn)."""
+        round; ``copy`` runs the copies (e.g. in a thread pool; default: in turn).  The
+        copies are streamed (``zstore.streamcopy``): ``outs`` are batch slots read once
+        the batch is full, not right away."""
         self.open()
         jobs: list[Callable[[], None]] = []
         with self._lock:
@@ -212,7 +215,7 @@ class WindowReader:
                 jobs.append(lambda o=out[name], a=arr: np.copyto(o, a))
             for name, layout, span in plan:
                 jobs.append(lambda la=layout, sp=span, o=out[name], p=pieces:
-                            _assemble(la, sp, p, o))
+                            _assemble(la, sp, p, o, stream=True))
         (copy or _run_all)(jobs)
         del jobs, pieces  # the fetched pieces go before the heap is trimmed
         self._trim()
@@ -279,9 +282,10 @@ def window_shape(layout: ArrayLayout, span: Span) -> tuple[int, ...]:
 
 
 def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces,
-              out: np.ndarray | None = None) -> np.ndarray:
+              out: np.ndarray | None = None, stream: bool = False) -> np.ndarray:
     """One copy of ``span`` out of the pieces (chunks or shards) that cover it, into
-    ``out`` when given (it must have the window's shape and the array's dtype)."""
+    ``out`` when given (it must have the window's shape and the array's dtype); with
+    ``stream`` the copy bypasses the CPU's cache (for a batch slot read later)."""
     axis = layout.time_axis
     shape = window_shape(layout, span)
     if out is None:
@@ -304,7 +308,10 @@ def _assemble(layout: ArrayLayout, span: Span, pieces: Pieces,
         src[axis] = slice(lo - offset, hi - offset)
         if isinstance(arr, Lazy):
             arr = arr.decoded()
-        out[tuple(dst)] = arr[tuple(src)]
+        if stream:
+            copy_streamed(out[tuple(dst)], arr[tuple(src)])
+        else:
+            out[tuple(dst)] = arr[tuple(src)]
         covered += hi - lo
     if covered != span.stop - span.start:  # never hand out np.empty's leftover memory
         raise IntegrityError(f"'{layout.path}': the pieces read cover {covered} of the "

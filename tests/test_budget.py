@@ -206,3 +206,94 @@ def test_encoded_ram_hits_are_one_lookup_per_shard_per_process(small_store, tmp_
     assert after["ssd"]["hits"] == before["ssd"]["hits"]  # no per-chunk lookups at all
     assert after["ram"]["misses"] == before["ram"]["misses"]
     assert after["ram"]["hits"] - before["ram"]["hits"] == 5 * 2  # one per shard per read
+
+
+def test_a_shard_that_displaces_others_is_built_behind_the_reads(small_store, tmp_path,
+                                                                 monkeypatch):
+    """Once the RAM tier is full, a shard admission lets in is decoded into the tier by a
+    background thread: the read that admitted it returns at once, from the chunks, with
+    the right values, and once the build is done the shard's windows are RAM hits."""
+    from zstore.behind import BehindBuilds
+
+    submitted: list[str] = []
+    real_submit = BehindBuilds.submit
+
+    def submit(self, key, build):
+        submitted.append(key)
+        return real_submit(self, key, build)
+
+    monkeypatch.setattr(BehindBuilds, "submit", submit)
+    root = zarr.open_group(small_store, mode="r")
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ram_format="decoded",
+                             ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
+    reader = WindowReader(small_store, cache=cfg)
+    items = sorted(root.group_keys())
+    spans = {"act": Span(0, 100), "wav": Span(0, 16000)}
+
+    def check(item):
+        got = reader.read(item, spans)
+        np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, :16000])
+        np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, :100])
+
+    for item in items[:-1]:  # fill the tier (inline builds while there is room)
+        check(item)
+    assert not submitted
+    last = items[-1]
+    for _ in range(12):  # popular enough to displace residents
+        check(last)
+        assert reader.settle(timeout=120)
+        if submitted:
+            break
+    assert submitted and all(last in key for key in submitted)
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["evictions"] > 0 and stats["ram"]["bytes_on_disk"] <= 3_000_000
+    hits = stats["ram"]["hits"]
+    check(last)  # now from the shard built behind
+    assert zstore.cache_stats(cfg)["ram"]["hits"] > hits
+    assert not reader.form.behind.pending
+
+
+def test_a_failed_build_behind_the_reads_is_logged_and_reads_go_on(small_store, tmp_path,
+                                                                   monkeypatch):
+    import logging
+    import threading
+
+    from zstore.shards import DecodedShards
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    real_fill = DecodedShards.fill
+
+    def broken(self, todo, chunks):  # builds behind the reads fail; inline ones work
+        if threading.current_thread().name.startswith("zstore-build"):
+            raise OSError("disk full (simulated)")
+        return real_fill(self, todo, chunks)
+
+    root = zarr.open_group(small_store, mode="r")
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ram_format="decoded",
+                             ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
+    reader = WindowReader(small_store, cache=cfg)
+    items = sorted(root.group_keys())
+    spans = {"act": Span(0, 100), "wav": Span(0, 16000)}
+    for item in items[:-1]:
+        reader.read(item, spans)
+    monkeypatch.setattr(DecodedShards, "fill", broken)
+    records = Records()
+    logging.getLogger("zstore").addHandler(records)
+    try:
+        for _ in range(12):
+            got = reader.read(items[-1], spans)
+            np.testing.assert_array_equal(got["wav"], root[f"{items[-1]}/wav"][:, :16000])
+            assert reader.settle(timeout=120)
+            if records.messages:
+                break
+    finally:
+        logging.getLogger("zstore").removeHandler(records)
+    assert any("disk full (simulated)" in m and items[-1] in m for m in records.messages)
+    assert not reader.form.behind.pending

@@ -277,6 +277,7 @@ def fill_past_budget(reader, items):
     for _ in range(12):
         for item in items:
             reader.read(item, {"act": Span(0, 100), "wav": Span(0, 16000)})
+    assert reader.settle(timeout=120)  # the shards it built behind its reads are in
 
 
 def test_maps_of_shards_evicted_elsewhere_are_dropped(small_store, tmp_path):

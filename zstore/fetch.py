@@ -86,10 +86,16 @@ class ChunkSource:
         The bytes are fetched in one batch first (one concurrent origin round); decoding
         one chunk at a time keeps a single decoded chunk alive instead of a whole shard's.
         """
-        raw = self.raw(need, ram=ram)
+        return self.decoded(need, self.raw(need, ram=ram))
+
+    def decoded(self, need: list[tuple[ArrayLayout, int]],
+                raw: list[tuple[Request | None, bytes | memoryview | None]]
+                ) -> Iterator[np.ndarray]:
+        """The chunks of ``raw`` (from :meth:`raw`) decoded one at a time, each one's
+        bytes dropped from ``raw`` once it is decoded."""
         for i, (layout, _) in enumerate(need):
             request, data = raw[i]
-            raw[i] = (None, None)  # its bytes are freed once decoded
+            raw[i] = (None, None)
             yield self.decode(layout, request, data)
             del data
 

@@ -179,6 +179,15 @@ class WindowReader:
         self._trim()
         return out
 
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until the shards this process is building behind its reads are in the
+        RAM tier (a shard that displaces resident ones is built by a background thread
+        while its windows are read from the chunks; see ``zstore.behind``).  False if
+        ``timeout`` seconds passed first."""
+        if self._pid != os.getpid() or self.form is None:
+            return True
+        return self.form.behind.wait(timeout)
+
     def _trim(self) -> None:
         """Hand the heap back once the windows read as chunks since the last time have
         decoded TRIM_AFTER bytes (their temporaries would otherwise stay with this

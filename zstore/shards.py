@@ -16,12 +16,13 @@ import abc
 import ctypes
 import mmap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from zstore.behind import BehindBuilds
 from zstore.cache.tiers import TieredCache
 from zstore.cache.value import Checked
 from zstore.decode import EMPTY, decode_chunk, strip_crc
@@ -92,12 +93,15 @@ class ShardForm(abc.ABC):
     """What the two forms share: lookups through the maps, admission, building."""
 
     suffix = ""
+    #: Shards that displace resident ones are built behind the reads (zstore.behind).
+    later = False
 
     def __init__(self, url: str, tiers: TieredCache, source: ChunkSource,
                  values: MappedValues):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
         self.ram = values.tier
         self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
+        self.behind = BehindBuilds()
 
     def key(self, layout: ArrayLayout, s: int) -> str:
         return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
@@ -120,10 +124,15 @@ class ShardForm(abc.ABC):
                         pieces.update(found)
                         continue
                     self.values.discard(key)  # failed its check: rebuild it
-                if self.ram.admits(key, self.nbytes(layout, s), blocked=True):
+                how = None if key in self.behind else \
+                    self.ram.admits_as(key, self.nbytes(layout, s), blocked=True)
+                if how == "room" or (how == "displace" and not self.later):
                     missing.append((layout, s, span))
-                else:  # the part of the window in this shard, from its chunks
-                    direct.append((name, layout, in_shard(layout, s, span)))
+                    continue
+                if how == "displace":
+                    self.behind.submit(key, partial(self._build_behind, layout, s, key))
+                # the part of the window in this shard, from its chunks
+                direct.append((name, layout, in_shard(layout, s, span)))
         if missing:
             pieces.update(self._build(missing))
         if direct:  # encoded chunks stay out of the RAM tier: it holds shards
@@ -156,6 +165,31 @@ class ShardForm(abc.ABC):
         self.values.drop_evicted()  # including what this build evicted
         return pieces
 
+    def _build_behind(self, layout: ArrayLayout, s: int, key: str) -> None:
+        """Build one shard in the background thread.  The maps and the chunk source are
+        used under the readers' lock; decoding and writing the shard happen outside it,
+        under the node's build lock (never the readers' lock inside that one: a reader
+        takes them in the other order)."""
+        need = self._shard_chunks(layout, s)
+        with self.values.lock:
+            if self.values.get(key, lambda c: self.view(layout, s, c), again=True):
+                return
+            raw = self.source.raw(need, ram=False)
+        with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
+            if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
+                self.fill([(layout, s, Span(0, 0), key)],
+                          self.source.decoded(need, raw))
+        del raw
+        with self.values.lock:
+            self.values.drop_evicted()
+        release_free_memory()
+
+    def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
+             chunks: Iterator[np.ndarray]) -> Pieces:
+        """Build the shards of ``todo`` from their decoded ``chunks`` (forms that build
+        behind the reads define it)."""
+        raise NotImplementedError
+
     def _shard_chunks(self, layout: ArrayLayout, s: int) -> list[tuple[ArrayLayout, int]]:
         last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
         return [(layout, k) for k in range(s * layout.chunks_per_shard, last)]
@@ -186,6 +220,7 @@ class DecodedShards(ShardForm):
     """Decoded shards: a warm window is one lookup and one copy per field."""
 
     suffix = "#D"
+    later = True  # a build decodes a whole shard (~20-30 ms)
 
     def view(self, layout: ArrayLayout, s: int, checked: Checked) -> np.ndarray | None:
         try:
@@ -219,7 +254,10 @@ class DecodedShards(ShardForm):
 
     def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
         need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
-        chunks = self.source.iter_chunks(need, ram=False)
+        return self.fill(todo, self.source.iter_chunks(need, ram=False))
+
+    def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
+             chunks: Iterator[np.ndarray]) -> Pieces:
         pieces: Pieces = {}
         for layout, s, _, key in todo:
             shard = _scratch(shard_shape(layout, s), layout.dtype)

@@ -368,11 +368,17 @@ class Tier:
     def admits(self, key: str, nbytes: int, *, blocked: bool = False) -> bool:
         """Whether :meth:`put` would store a value of ``nbytes`` under ``key`` now: it fits
         in the free room, or admission lets it displace resident values."""
+        return self.admits_as(key, nbytes, blocked=blocked) is not None
+
+    def admits_as(self, key: str, nbytes: int, *, blocked: bool = False) -> str | None:
+        """How :meth:`put` would store a value of ``nbytes`` under ``key`` now: ``"room"``
+        (it fits in the free room), ``"displace"`` (admission lets it displace resident
+        values), or None (refused)."""
         if not self.fits(nbytes, blocked=blocked):
-            return False
+            return None
         cache = self._open()
         if cache is None:
-            return False
+            return None
         need = rounded(header_size(nbytes, blocked=blocked) + nbytes)
         # A full tier refuses most newcomers: while the last look at its oldest values
         # is fresh, a newcomer no more popular than they were is refused without
@@ -382,15 +388,16 @@ class Tier:
                 time.monotonic() - floor[1] < REFUSAL_FRESH and \
                 not admit(self.sketch.estimate(key), [floor[0]]):
             self.stats.add(f"{self.name}_rejected")
-            return False
+            return None
         try:
             victims = self._choose_victims(cache, cache._sql, key, need)
         except Exception as e:
             self._warn("read failed", e)
-            return False
+            return None
         if victims is None:
             self.stats.add(f"{self.name}_rejected")
-        return victims is not None
+            return None
+        return "displace" if victims else "room"
 
     def fits(self, nbytes: int, *, blocked: bool = False) -> bool:
         """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""

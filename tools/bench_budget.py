@@ -270,9 +270,55 @@ def write(results: dict[str, Any], docs: str) -> None:
         chosen = "; ".join(f"{v.get('format')}" for v in r.get("chosen", {}).values()) or "-"
         lines.append(f"| {r['ranks']} | {r['fraction']:.2f} | {r['format']} | {wps} | {hit} | "
                      f"{fill} | {chosen} |")
+    lines += ["", "Targets, over every epoch after the first:", "",
+              "| target | measured | met |", "|---|---:|:---:|"]
+    for name, value, goal, at_least in targets(results):
+        met = value >= goal if at_least else value <= goal
+        lines.append(f"| {name} | {value:.2f} | {'yes' if met else 'NO'} |")
     lines += ["", MARK_END]
     replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
     _plot(results, os.path.join(docs, "benchmarks-budget.png"))
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, float, float, bool]]:
+    """(target, measured, goal, whether measured must be at least the goal) for the
+    runs of the sweep, each taken at its worst epoch after the first."""
+    runs = results["runs"]
+
+    def wps(ranks: int, fraction: float, fmt: str) -> list[float]:
+        for r in runs:
+            if (r["ranks"], r["fraction"], r["format"]) == (ranks, fraction, fmt):
+                return r["windows_per_s"][1:]
+        return []
+
+    default_vs_best, larger_vs_smaller, vs_decode, fills = [], [], [], []
+    for ranks in sorted({r["ranks"] for r in runs}):
+        fractions = sorted({r["fraction"] for r in runs if r["ranks"] == ranks})
+        for f in fractions:
+            auto = wps(ranks, f, "auto")
+            explicit = [wps(ranks, f, fmt) for fmt in FORMATS if fmt != "auto"]
+            for e, x in enumerate(auto):
+                best = max((w[e] for w in explicit if len(w) > e), default=0.0)
+                if best:
+                    default_vs_best.append(x / best)
+                if ranks == 1 and f in (0.5, 0.33):
+                    vs_decode.append(x / results["reference"]["decode_limit"])
+        for small, large in zip(fractions, fractions[1:]):
+            larger_vs_smaller += [b / a for a, b in zip(wps(ranks, small, "auto"),
+                                                         wps(ranks, large, "auto"))]
+    for r in runs:
+        fills += [f / b for f, b in zip(r["ram_fill_bytes"][1:], r["read_bytes"][1:])]
+    hits = results["hits"]
+    return [("the default >= 0.9x the best explicit ram_format (worst budget)",
+             min(default_vs_best, default=0.0), 0.9, True),
+            ("a larger budget never slower: windows/s over the next smaller budget's (worst)",
+             min(larger_vs_smaller, default=0.0), 1.0, True),
+            ("0.5 and 0.33 x decoded, 1 rank: >= 0.7x the single-core decode limit",
+             min(vs_decode, default=0.0), 0.7, True),
+            ("RAM fills / bytes read <= 0.10 (worst run)", max(fills, default=0.0), 0.10, False),
+            ("encoded RAM hit: us over decode + one copy <= 300",
+             hits["encoded_ram_over_us"], 300.0, False),
+            ("SSD hit: us over decode + one copy <= 500", hits["ssd_over_us"], 500.0, False)]
 
 
 def _plot(results: dict[str, Any], path: str) -> None:

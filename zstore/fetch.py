@@ -10,7 +10,6 @@ RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -77,27 +76,6 @@ class ChunkSource:
                 if len(self._indexes) > MAX_INDEXES:
                     self._indexes.popitem(last=False)
         return found
-
-    def iter_chunks(self, need: list[tuple[ArrayLayout, int]], *, ram: bool
-                    ) -> Iterator[np.ndarray]:
-        """Decoded chunks for (layout, chunk number) pairs, each decoded when the caller
-        asks for it (``ram``: keep encoded bytes in RAM).
-
-        The bytes are fetched in one batch first (one concurrent origin round); decoding
-        one chunk at a time keeps a single decoded chunk alive instead of a whole shard's.
-        """
-        return self.decoded(need, self.raw(need, ram=ram))
-
-    def decoded(self, need: list[tuple[ArrayLayout, int]],
-                raw: list[tuple[Request | None, bytes | memoryview | None]]
-                ) -> Iterator[np.ndarray]:
-        """The chunks of ``raw`` (from :meth:`raw`) decoded one at a time, each one's
-        bytes dropped from ``raw`` once it is decoded."""
-        for i, (layout, _) in enumerate(need):
-            request, data = raw[i]
-            raw[i] = (None, None)
-            yield self.decode(layout, request, data)
-            del data
 
     def raw(self, need: list[tuple[ArrayLayout, int]], *, ram: bool
             ) -> list[tuple[Request | None, bytes | memoryview | None]]:

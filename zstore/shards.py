@@ -84,6 +84,20 @@ def chunk_pieces(source: ChunkSource, plan: Plan, *, ram: bool) -> Pieces:
             for (layout, k), (request, data) in zip(need, raw)}
 
 
+def scratch_chunks(source: ChunkSource, need: list[tuple[ArrayLayout, int]],
+                   raw: list[tuple[Any, Any]]) -> Iterator[np.ndarray]:
+    """The chunks of ``raw`` (``source.raw(need)``) decoded one at a time into this
+    thread's scratch buffer (each valid until the next: copy it into the shard at once),
+    their bytes dropped from ``raw`` as they go.  Building a shard then allocates nothing
+    per chunk: a build behind the reads runs in its own thread, whose malloc arena kept
+    the decoded chunks' memory (measured: 4 ranks grew ~5 MB each over a second pass)."""
+    for i, (layout, _) in enumerate(need):
+        request, data = raw[i]
+        raw[i] = (None, None)
+        yield Lazy(layout, partial(source.decode, layout, request, data)).decoded()
+        del data
+
+
 def in_shard(layout: ArrayLayout, s: int, span: Span) -> Span:
     """The part of ``span`` that lies in shard ``s``."""
     return Span(max(span.start, s * layout.shard), min(span.stop, (s + 1) * layout.shard))
@@ -177,8 +191,7 @@ class ShardForm(abc.ABC):
             raw = self.source.raw(need, ram=False)
         with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
             if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
-                self.fill([(layout, s, Span(0, 0), key)],
-                          self.source.decoded(need, raw))
+                self.fill([(layout, s, Span(0, 0), key)], scratch_chunks(self.source, need, raw))
         del raw
         with self.values.lock:
             self.values.drop_evicted()
@@ -254,7 +267,8 @@ class DecodedShards(ShardForm):
 
     def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
         need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
-        return self.fill(todo, self.source.iter_chunks(need, ram=False))
+        return self.fill(todo, scratch_chunks(self.source, need,
+                                              self.source.raw(need, ram=False)))
 
     def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
              chunks: Iterator[np.ndarray]) -> Pieces:

@@ -162,7 +162,7 @@ def test_network_file_system_paths_are_read_concurrently(tmp_path, monkeypatch):
     local = Origin(str(tmp_path))
     local.read("k0")
     assert not local._concurrent  # local disk: ranges in turn
-    monkeypatch.setattr("zstore.cache.tier.filesystem_type", lambda path: "nfs4")
+    monkeypatch.setattr("zstore.cache.place.filesystem_type", lambda path: "nfs4")
     nfs = Origin(str(tmp_path), max_requests=4)
     assert nfs.read_many([(f"k{i}", 10, 20) for i in range(4)]) == [bytes([i]) * 10
                                                                     for i in range(4)]

@@ -176,7 +176,7 @@ def test_deleted_cache_directory_while_reading(tmp_path):
 
 
 def test_network_file_system_disables_the_tier(tmp_path, monkeypatch):
-    monkeypatch.setattr("zstore.cache.tier.filesystem_type", lambda path: "nfs4")
+    monkeypatch.setattr("zstore.cache.place.filesystem_type", lambda path: "nfs4")
     cache = make_cache(tmp_path)
     with pytest.warns(UserWarning, match="network file system"):
         assert cache.get("k", lambda: b"v") == b"v"

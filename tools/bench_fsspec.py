@@ -70,17 +70,6 @@ def reader(kind: str, path: str, work: str, ranges: list[int], barrier: Any,
     barrier.wait()  # the node's memory is measured while every process is alive
 
 
-def du(path: str) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass
-    return total
-
-
 def run(kind: str, path: str, work: str, ranges: list[int]) -> dict[str, Any]:
     shm = f"/dev/shm/zstore-bench-fsspec-{os.getuid()}"
     for d in (shm, os.path.join(work, "zstore-ssd"), os.path.join(work, kind)):
@@ -93,8 +82,10 @@ def run(kind: str, path: str, work: str, ranges: list[int]) -> dict[str, Any]:
         p.start()
     barrier.wait()
     reports = [queue.get(timeout=3600) for _ in procs]
-    tmpfs = du(shm)
-    disk = du(os.path.join(work, "zstore-ssd" if kind == "zstore" else kind))
+    from zstore.cache.upkeep import bytes_on_disk
+
+    tmpfs = bytes_on_disk(shm)
+    disk = bytes_on_disk(os.path.join(work, "zstore-ssd" if kind == "zstore" else kind))
     barrier.wait()
     for p in procs:
         p.join(600)

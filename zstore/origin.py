@@ -146,7 +146,7 @@ class Origin:
             self._fs, self._root = None, local_path(self.url)
         # Local disks answer a read in microseconds, so ranges are read in turn; a network
         # file system (NFS, Lustre, ...) costs a round trip each, so they overlap.
-        from zstore.cache.tier import network_fs_type
+        from zstore.cache.place import network_fs_type
 
         self._concurrent = self._fs is not None or network_fs_type(self._root) is not None
 

@@ -7,84 +7,28 @@ value is dropped and reported as a miss), a hard byte budget that counts the
 index files (eviction runs *before* an insert, in the same transaction), page
 rounding of sizes, a sweep of files left by killed writers, and graceful
 degradation: any failure of the tier warns once and reads fall through.
+
+Who gives way in a full tier is :mod:`zstore.cache.room`; where a tier may live,
+:mod:`zstore.cache.place`; the directory's upkeep, :mod:`zstore.cache.upkeep`.
 """
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import time
 import warnings
 from typing import Any
 
 import diskcache
 import numpy as np
 
-from zstore.cache.admission import FrequencySketch, admit, sketch_bytes, sketch_width
+from zstore.cache import upkeep
 from zstore.cache.evictions import EvictionLog
-from zstore.cache.ownership import (describe, fix_file, make_dir, open_file, problem,
-                                    write_json)
+from zstore.cache.ownership import describe, fix_file, make_dir
+from zstore.cache.place import network_fs_type, refusal
+from zstore.cache.room import Refused, Room, rounded
 from zstore.cache.stats import Stats
-from zstore.cache.value import Checked, Parts, header, header_size, open_value
-
-PAGE = 4096
-NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
-              "fuse.sshfs", "9p", "afs", "glusterfs", "fuse.glusterfs")
-
-
-#: Directories zstore keeps in a tier directory (the first tier's: see tiers.node_dir).
-NODE_SUBDIRS = ("stats", "locks", "formats", "fsspec-info", "layouts")
-BUDGET_FILE = "budget.json"
-REFUSAL_FRESH = 1.0  # seconds a process trusts its last look at a full tier's oldest values
-
-
-def refusal(directory: str, gid: int | None) -> str | None:
-    """Why a tier must not use ``directory`` (creating it if missing), else None: it and
-    the directories zstore keeps in it must be writable by this user only (or, opted in,
-    by one group)."""
-    why = make_dir(directory, gid)
-    for sub in NODE_SUBDIRS if why is None else ():
-        path = os.path.join(directory, sub)
-        why = problem(path, gid) if os.path.lexists(path) else None
-        if why is not None:
-            directory = path
-            break
-    if why is None:
-        return None
-    return (f"{directory} {why} ({describe(directory)}); a directory others can write "
-            "could feed planted values to training. Use a directory of your own "
-            "(chmod 700), or opt in to sharing with a group (shared_group=)")
-
-
-def rounded(n: int) -> int:
-    return -(-n // PAGE) * PAGE
-
-
-def filesystem_type(path: str) -> str:
-    """The type of the file system that holds ``path`` (from /proc/mounts)."""
-    best, kind = "", ""
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and (path == parts[1] or path.startswith(
-                        parts[1].rstrip("/") + "/")) and len(parts[1]) > len(best):
-                    best, kind = parts[1], parts[2]
-    except OSError:
-        pass
-    return kind
-
-
-def network_fs_type(path: str) -> str | None:
-    """The file system type of ``path`` when it is a network one (NFS, Lustre, ...), else None."""
-    kind = filesystem_type(os.path.abspath(path))
-    return kind if kind in NETWORK_FS else None
-
-
-class _Refused(Exception):
-    """Admission refused a value (internal: aborts the insert's transaction)."""
-
+from zstore.cache.value import Checked, Parts, header, open_value
 
 class _Disk(diskcache.Disk):
     """diskcache's Disk with page-rounded sizes, one level of 256 subdirectories, and
@@ -127,15 +71,10 @@ class Tier:
         self.gid = gid  # shared with this group (opt-in), else private to this user
         self.directory = directory
         self.budget = int(budget)
-        self.reserve = min(2 * 2**20, self.budget // 4)  # SQLite WAL, -shm, directories
         self.stats = stats
         self.admission = admission
-        self.sketch = None
-        self._refusal_floor: tuple[int, float] | None = None  # see admits()
-        if admission:
-            width = sketch_width(self.budget)
-            self.sketch = FrequencySketch(directory, width)
-            self.reserve += rounded(sketch_bytes(width))
+        self.room = Room(name, directory, self.budget, stats, admission)
+        self.sketch = self.room.sketch
         self.evictions = EvictionLog(directory)
         self._pid = -1
         self._cache: diskcache.Cache | None = None
@@ -183,62 +122,20 @@ class Tier:
         for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
             fix_file(os.path.join(self.directory, name))
         if self.record:
-            self._record_budget()
-        self._sweep_if_due()
-        return self._cache
-
-    def _record_budget(self) -> None:
-        path = os.path.join(self.directory, BUDGET_FILE)
+            upkeep.record_budget(self.directory, self.budget)
         try:
-            with open(path) as f:
-                if json.load(f).get("budget") == self.budget:
-                    return
-        except (OSError, ValueError):
-            pass
-        write_json(path, {"budget": self.budget})
+            upkeep.sweep_if_due(self._cache, self.directory)
+        except Exception as e:
+            self._warn("sweeping leftover files failed", e)
+        return self._cache
 
     def recorded_budget(self) -> int | None:
         """The budget the processes using this tier last ran with (None: not known)."""
-        try:
-            with open(os.path.join(self.directory, BUDGET_FILE)) as f:
-                return int(json.load(f)["budget"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _sweep_if_due(self, every: float = 600.0) -> None:
-        mark = os.path.join(self.directory, "swept")
-        try:
-            if time.time() - os.stat(mark).st_mtime < every:
-                return
-        except FileNotFoundError:
-            pass
-        try:
-            os.close(open_file(mark, os.O_WRONLY | os.O_CREAT))
-            os.utime(mark)
-            self.sweep()
-        except Exception as e:
-            self._warn("sweeping leftover files failed", e)
+        return upkeep.recorded_budget(self.directory)
 
     def sweep(self, min_age: float = 60.0) -> int:
         """Remove value files no index row refers to (left by killed writers)."""
-        cache = self._cache
-        if cache is None:
-            return 0
-        known = {row[0] for row in cache._sql("SELECT filename FROM Cache").fetchall()}
-        now, removed = time.time(), 0
-        for sub in os.listdir(self.directory):
-            subdir = os.path.join(self.directory, sub)
-            if len(sub) != 2 or not os.path.isdir(subdir):
-                continue
-            for name in os.listdir(subdir):
-                rel, full = os.path.join(sub, name), os.path.join(subdir, name)
-                try:
-                    if rel not in known and now - os.stat(full).st_mtime > min_age:
-                        os.unlink(full)
-                        removed += 1
-                except FileNotFoundError:
-                    pass
-        return removed
+        return upkeep.sweep(self._cache, self.directory, min_age)
 
     def get(self, key: str, *, count_miss: bool = True) -> memoryview | None:
         """The payload for ``key``, or None (missing, failed its check, or tier down)."""
@@ -373,36 +270,24 @@ class Tier:
     def admits_as(self, key: str, nbytes: int, *, blocked: bool = False) -> str | None:
         """How :meth:`put` would store a value of ``nbytes`` under ``key`` now: ``"room"``
         (it fits in the free room), ``"displace"`` (admission lets it displace resident
-        values), or None (refused)."""
+        values), or None (refused; see :mod:`zstore.cache.room`)."""
         if not self.fits(nbytes, blocked=blocked):
             return None
         cache = self._open()
         if cache is None:
             return None
-        need = rounded(header_size(nbytes, blocked=blocked) + nbytes)
-        # A full tier refuses most newcomers: while the last look at its oldest values
-        # is fresh, a newcomer no more popular than they were is refused without
-        # asking SQLite (under random access that is most misses of a window).
-        floor = self._refusal_floor
-        if self.sketch is not None and floor is not None and \
-                time.monotonic() - floor[1] < REFUSAL_FRESH and \
-                not admit(self.sketch.estimate(key), [floor[0]]):
-            self.stats.add(f"{self.name}_rejected")
-            return None
         try:
-            victims = self._choose_victims(cache, cache._sql, key, need)
+            how = self.room.admits_as(cache, key, nbytes, blocked=blocked)
         except Exception as e:
             self._warn("read failed", e)
             return None
-        if victims is None:
+        if how is None:
             self.stats.add(f"{self.name}_rejected")
-            return None
-        return "displace" if victims else "room"
+        return how
 
     def fits(self, nbytes: int, *, blocked: bool = False) -> bool:
         """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""
-        return rounded(header_size(nbytes, blocked=blocked) + nbytes) + self.reserve \
-            <= self.budget
+        return self.room.fits(nbytes, blocked=blocked)
 
     def put(self, key: str, payload: bytes | memoryview | np.ndarray, *,
             blocked: bool = False) -> bool:
@@ -424,13 +309,13 @@ class Tier:
         evicted: list[int] = []
         try:
             with cache._transact(retry=True) as (sql, cleanup):
-                evicted = self._make_room(cache, sql, cleanup, need, key)
+                evicted = self.room.make(cache, sql, cleanup, need, key)
                 cache.set(key, Parts(head, payload), read=True, retry=True)
             # Logged once committed and unlinked, not before: a reader whose snapshot
             # predates the commit may still open an evicted file until it is unlinked,
             # and it must see that file's inode in the log after it has mapped it.
             self.evictions.record(evicted)
-        except _Refused:  # admission keeps the resident values
+        except Refused:  # admission keeps the resident values
             self.stats.add(f"{self.name}_rejected")
             return False
         except Exception as e:  # full disk, deleted or read-only directory
@@ -445,66 +330,12 @@ class Tier:
         self.stats.add(f"{self.name}_fill_bytes", len(head) + len(payload))
         return True
 
-    def _choose_victims(self, cache: diskcache.Cache, sql: Any, key: str, need: int
-                        ) -> list[tuple[int, str]] | None:
-        """The values to evict so that ``need`` more bytes fit (oldest stored first), or
-        None when admission refuses (the newcomer is not clearly used more than they are)."""
-        excess = cache.volume() + need - (self.budget - self.reserve)
-        if excess <= 0:
-            return []
-        rows = sql("SELECT rowid, filename, size, key FROM Cache ORDER BY store_time LIMIT 64"
-                   ).fetchall()
-        victims, counts = [], []
-        for rowid, filename, size, victim in rows:
-            victims.append((rowid, filename))
-            excess -= size
-            if self.sketch is not None:
-                counts.append(self.sketch.estimate(victim))
-            if excess <= 0:
-                break
-        if self.sketch is not None and not admit(self.sketch.estimate(key), counts):
-            self._refusal_floor = (min(counts, default=0), time.monotonic())
-            return None
-        self._refusal_floor = None
-        return victims
-
-    def _make_room(self, cache: diskcache.Cache, sql: Any, cleanup: Any, need: int,
-                   key: str) -> list[int]:
-        """Delete values until ``need`` more bytes fit; their inodes.  Raises
-        :class:`_Refused` when admission keeps the resident values."""
-        limit = self.budget - self.reserve
-        excess = cache.volume() + need - limit
-        inodes: list[int] = []
-        while excess > 0:
-            victims = self._choose_victims(cache, sql, key, need)
-            if victims is None:
-                raise _Refused  # rolls back what this transaction deleted so far
-            if not victims:
-                break
-            sql("DELETE FROM Cache WHERE rowid IN (%s)" % ",".join(str(r) for r, _ in victims))
-            for _, filename in victims:
-                try:
-                    inodes.append(os.stat(os.path.join(self.directory, filename)).st_ino)
-                except OSError:
-                    pass
-                cleanup(filename)
-            self.stats.add(f"{self.name}_evictions", len(victims))
-            excess = cache.volume() + need - limit
-        return inodes
-
     def usage(self) -> dict[str, int]:
         """Bytes the tier occupies on disk (values, index, WAL) and its entry count."""
-        used = 0
-        for dirpath, _, files in os.walk(self.directory):
-            for f in files:
-                try:
-                    used += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-                except FileNotFoundError:
-                    pass
         cache = self._open()
-        entries = len(cache) if cache is not None else 0
         recorded = self.recorded_budget()
-        return {"bytes_on_disk": used, "entries": entries,
+        return {"bytes_on_disk": upkeep.bytes_on_disk(self.directory),
+                "entries": len(cache) if cache is not None else 0,
                 "budget": recorded if recorded is not None else self.budget,
                 "budget_of": "the job" if recorded is not None else "these settings",
                 "directory": self.directory, "ownership": describe(self.directory)}

@@ -12,7 +12,8 @@ from zstore.cache.choice import recorded
 from zstore.cache.locks import StripedLocks
 from zstore.cache.stats import Stats, mark, read_since_mark, read_stats, summarize
 from zstore.cache.ownership import describe, problem
-from zstore.cache.tier import Tier, refusal
+from zstore.cache.place import refusal
+from zstore.cache.tier import Tier
 from zstore.config import CacheConfig, ResolvedCache, format_size
 
 

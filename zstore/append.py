@@ -19,14 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from zstore.convert import (ConvertReport, _Job, _verify, check_options, cluster_client,
-                            with_dtypes, write_missing)
+from zstore.convert import (ConvertReport, _Job, _verify, check_options, with_dtypes,
+                            write_missing)
 from zstore.corpus import expand_sources, source_name, stems
 from zstore.errors import SourceError, StoreFormatError
 from zstore.layout import Manifest
 from zstore.manifests import ArrayMetas, build, current_shapes, publish, read_manifest, shape_rows
 from zstore.origin import store_bytes
 from zstore.source import SourcePlan, plan
+from zstore.tasks import cluster_client
 
 
 def append(src: Any, dst: str | os.PathLike[str], *, workers: int | None = None,

@@ -6,16 +6,11 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import json
-import ctypes
 import math
-import multiprocessing as mp
 import os
-import signal
-import threading
 import time
 import uuid
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -34,6 +29,7 @@ from zstore.manifests import build, geometry, publish, shape_rows
 from zstore.objects import (ObjectWriter, array_meta, data_type, dumps, encode_array, group_meta,
                             handles)
 from zstore.source import SourceItem, SourcePlan, open_source, plan
+from zstore.tasks import Progress, cluster_client, local_pool, run_batches
 
 CODECS = ("lz4", "zstd", "none")
 #: What a store's objects look like; part of a conversion's fingerprint, so a store that
@@ -346,102 +342,6 @@ def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
         return fs.exists(path)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Worker initializer: end this worker when the converting process dies, even by
-    SIGKILL, so no orphan keeps writing into the destination beside a rerun."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: watch the parent from a thread
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(1.0)
-            os._exit(1)
-
-        threading.Thread(target=watch, daemon=True).start()
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-#: A task is a batch of items: at most this many, and this many source bytes, so
-#: small items do not pay a process round trip and a file open each.
-BATCH_ITEMS, BATCH_BYTES = 256, 64 * 2**20
-
-
-def batches(items: list[SourceItem], workers: int) -> list[list[SourceItem]]:
-    """Items in source order, cut into tasks: several per worker, so they balance."""
-    most = max(1, min(BATCH_ITEMS, math.ceil(len(items) / (4 * max(1, workers)))))
-    out: list[list[SourceItem]] = []
-    nbytes = 0
-    for it in items:
-        if not out or len(out[-1]) >= most or nbytes + it.nbytes > BATCH_BYTES:
-            out.append([])
-            nbytes = 0
-        out[-1].append(it)
-        nbytes += it.nbytes
-    return out
-
-
-@contextmanager
-def local_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
-    """``workers`` worker processes (None for one), started now: their imports (numpy,
-    h5py, zarr: about a second) overlap the scan of the source."""
-    if workers <= 1:
-        yield None
-        return
-    ctx = mp.get_context("spawn")  # HDF5 handles do not survive fork
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                initializer=_die_with_parent,
-                                initargs=(os.getpid(),)) as pool:
-        for _ in range(workers):
-            pool.submit(int)  # a process starts per task while none is idle
-        yield pool
-
-
-def _run(fn: Any, job: _Job, items: list[SourceItem], workers: int, bar: Any,
-         client: Any = None, pool: cf.ProcessPoolExecutor | None = None) -> list[Any]:
-    """``fn(job, batch)`` over batches of ``items``; its lists' elements, concatenated.
-    Runs on ``client``'s cluster, in ``pool``, or in ``workers`` local processes."""
-    if client is not None:
-        from zstore.cluster import check_workers, run_tasks
-
-        return run_tasks(client, fn, job, batches(items, check_workers(client)), bar)
-    tasks = batches(items, workers)
-    results: list[Any] = []
-    if workers <= 1 and pool is None:
-        for batch in tasks:
-            results += fn(job, batch)
-            bar.update(len(batch), sum(it.nbytes for it in batch))
-        return results
-    with contextlib.ExitStack() as stack:
-        if pool is None:
-            pool = stack.enter_context(local_pool(workers))
-        futures = {pool.submit(fn, job, batch): batch for batch in tasks}
-        for fut in cf.as_completed(futures):
-            results += fut.result()
-            batch = futures[fut]
-            bar.update(len(batch), sum(it.nbytes for it in batch))
-    return results
-
-
-class _Progress:
-    def __init__(self, total: int, desc: str, enabled: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, desc=desc, unit="item", disable=not enabled)
-        self.bytes = 0
-        self.t0 = time.perf_counter()
-
-    def update(self, n: int, nbytes: int) -> None:
-        self.bytes += nbytes
-        rate = self.bytes / max(1e-9, time.perf_counter() - self.t0) / 1e6
-        self.bar.set_postfix_str(f"{rate:.0f} MB/s", refresh=False)
-        self.bar.update(n)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
             dst: str | os.PathLike[str], *,
             rates: dict[str, float] | None = None, time_axis: int | dict[str, int] = -1,
@@ -531,23 +431,11 @@ def _convert(job: _Job, source: SourcePlan, files: list[str], fingerprint: dict[
     return report
 
 
-@contextmanager
-def cluster_client(dask: Any) -> Iterator[Any]:
-    """The Dask client to run tasks on, or None for the local process pool."""
-    if dask is None:
-        yield None
-        return
-    from zstore.cluster import connected
-
-    with connected(dask) as client:
-        yield client
-
-
 def _verify(job: _Job, source: SourcePlan, workers: int, progress: bool,
             client: Any = None, pool: cf.ProcessPoolExecutor | None = None) -> None:
-    bar = _Progress(len(source.items), "verify", progress)
+    bar = Progress(len(source.items), "verify", progress)
     try:
-        problems = _run(_verify_items, job, source.items, workers, bar, client, pool)
+        problems = run_batches(_verify_items, job, source.items, workers, bar, client, pool)
     finally:
         bar.close()
     if problems:
@@ -565,10 +453,10 @@ def write_missing(job: _Job, source: SourcePlan, workers: int, progress: bool, d
     was written now (None when some were done before: the caller measures the store)."""
     done = set() if fresh else _finished_items(job, source.items)
     todo = [it for it in source.items if it.name not in done]
-    bar = _Progress(len(source.items), desc, progress)
+    bar = Progress(len(source.items), desc, progress)
     bar.update(len(source.items) - len(todo), 0)
     try:
-        written = _run(_write_items, job, todo, workers, bar, client, pool)
+        written = run_batches(_write_items, job, todo, workers, bar, client, pool)
     finally:
         bar.close()
     return todo, (sum(written) if not done else None)

@@ -208,6 +208,24 @@ def test_encoded_ram_hits_are_one_lookup_per_shard_per_process(small_store, tmp_
     assert after["ram"]["hits"] - before["ram"]["hits"] == 5 * 2  # one per shard per read
 
 
+SPANS = {"act": Span(0, 100), "wav": Span(0, 16000)}
+
+
+def full_decoded_tier(store, tmp_path):
+    """A reader whose decoded RAM tier (3 MB) is filled by one read of every item but
+    the last; the origin's group, the config, the reader and the items."""
+    root = zarr.open_group(store, mode="r")
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ram_format="decoded",
+                             ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
+    reader = WindowReader(store, cache=cfg)
+    items = sorted(root.group_keys())
+    for item in items[:-1]:  # inline builds while there is room
+        got = reader.read(item, SPANS)
+        np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, :16000])
+        np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, :100])
+    return root, cfg, reader, items
+
+
 def test_a_shard_that_displaces_others_is_built_behind_the_reads(small_store, tmp_path,
                                                                  monkeypatch):
     """Once the RAM tier is full, a shard admission lets in is decoded into the tier by a
@@ -223,20 +241,13 @@ def test_a_shard_that_displaces_others_is_built_behind_the_reads(small_store, tm
         return real_submit(self, key, build)
 
     monkeypatch.setattr(BehindBuilds, "submit", submit)
-    root = zarr.open_group(small_store, mode="r")
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ram_format="decoded",
-                             ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
-    reader = WindowReader(small_store, cache=cfg)
-    items = sorted(root.group_keys())
-    spans = {"act": Span(0, 100), "wav": Span(0, 16000)}
+    root, cfg, reader, items = full_decoded_tier(small_store, tmp_path)
 
     def check(item):
-        got = reader.read(item, spans)
+        got = reader.read(item, SPANS)
         np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, :16000])
         np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, :100])
 
-    for item in items[:-1]:  # fill the tier (inline builds while there is room)
-        check(item)
     assert not submitted
     last = items[-1]
     for _ in range(12):  # popular enough to displace residents
@@ -270,25 +281,18 @@ def test_a_failed_build_behind_the_reads_is_logged_and_reads_go_on(small_store, 
 
     real_fill = DecodedShards.fill
 
-    def broken(self, todo, chunks):  # builds behind the reads fail; inline ones work
+    def broken(self, todo, need, raw):  # builds behind the reads fail; inline ones work
         if threading.current_thread().name.startswith("zstore-build"):
             raise OSError("disk full (simulated)")
-        return real_fill(self, todo, chunks)
+        return real_fill(self, todo, need, raw)
 
-    root = zarr.open_group(small_store, mode="r")
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ram_format="decoded",
-                             ssd_dir=tmp_path / "ssd", ssd_bytes="64MB")
-    reader = WindowReader(small_store, cache=cfg)
-    items = sorted(root.group_keys())
-    spans = {"act": Span(0, 100), "wav": Span(0, 16000)}
-    for item in items[:-1]:
-        reader.read(item, spans)
+    root, _, reader, items = full_decoded_tier(small_store, tmp_path)
     monkeypatch.setattr(DecodedShards, "fill", broken)
     records = Records()
     logging.getLogger("zstore").addHandler(records)
     try:
         for _ in range(12):
-            got = reader.read(items[-1], spans)
+            got = reader.read(items[-1], SPANS)
             np.testing.assert_array_equal(got["wav"], root[f"{items[-1]}/wav"][:, :16000])
             assert reader.settle(timeout=120)
             if records.messages:

@@ -131,7 +131,7 @@ class ShardForm(abc.ABC):
                 continue
             for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
                 key = self.key(layout, s)
-                got = self.values.get(key, lambda c, la=layout, n=s: self.view(la, n, c))
+                got = self._mapped(layout, s, key)
                 if got is not None:
                     found = self.read(layout, s, got, span)
                     if found is not None:
@@ -162,8 +162,7 @@ class ShardForm(abc.ABC):
         with self.tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
             todo = []
             for (layout, s, span), key in zip(missing, keys):
-                got = self.values.get(key, lambda c, la=layout, n=s: self.view(la, n, c),
-                                      again=True)
+                got = self._mapped(layout, s, key, again=True)
                 # built meanwhile by another process: rare, so check it whole
                 found = self.read(layout, s, got, span) if got is not None and \
                     got.checked.verify(0, len(got.checked.payload)) else None
@@ -186,22 +185,26 @@ class ShardForm(abc.ABC):
         takes them in the other order)."""
         need = self._shard_chunks(layout, s)
         with self.values.lock:
-            if self.values.get(key, lambda c: self.view(layout, s, c), again=True):
+            if self._mapped(layout, s, key, again=True) is not None:
                 return
             raw = self.source.raw(need, ram=False)
         with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
             if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
-                self.fill([(layout, s, Span(0, 0), key)], scratch_chunks(self.source, need, raw))
+                self.fill([(layout, s, Span(0, 0), key)], need, raw)
         del raw
         with self.values.lock:
             self.values.drop_evicted()
         release_free_memory()
 
-    def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
-             chunks: Iterator[np.ndarray]) -> Pieces:
-        """Build the shards of ``todo`` from their decoded ``chunks`` (forms that build
-        behind the reads define it)."""
-        raise NotImplementedError
+    def _mapped(self, layout: ArrayLayout, s: int, key: str, *, again: bool = False
+                ) -> Mapped | None:
+        """This process's map of shard ``s`` in the RAM tier (see MappedValues.get)."""
+        return self.values.get(key, lambda c: self.view(layout, s, c), again=again)
+
+    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
+        """Build the shards of ``todo`` into the RAM tier; the pieces of their spans."""
+        need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
+        return self.fill(todo, need, self.source.raw(need, ram=False))
 
     def _shard_chunks(self, layout: ArrayLayout, s: int) -> list[tuple[ArrayLayout, int]]:
         last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
@@ -225,8 +228,10 @@ class ShardForm(abc.ABC):
         """Bytes shard ``s`` takes in this form (what admission weighs)."""
 
     @abc.abstractmethod
-    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
-        """Build the shards of ``todo`` into the RAM tier; the pieces of their spans."""
+    def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
+             need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]) -> Pieces:
+        """Build the shards of ``todo`` into the RAM tier from ``raw``, the encoded bytes
+        of their chunks ``need`` (``source.raw(need)``); the pieces of their spans."""
 
 
 class DecodedShards(ShardForm):
@@ -265,13 +270,9 @@ class DecodedShards(ShardForm):
                 return None
         return {(layout.path, s): (s * layout.shard, arr)}
 
-    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
-        need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
-        return self.fill(todo, scratch_chunks(self.source, need,
-                                              self.source.raw(need, ram=False)))
-
     def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
-             chunks: Iterator[np.ndarray]) -> Pieces:
+             need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]) -> Pieces:
+        chunks = scratch_chunks(self.source, need, raw)
         pieces: Pieces = {}
         for layout, s, _, key in todo:
             shard = _scratch(shard_shape(layout, s), layout.dtype)
@@ -322,9 +323,8 @@ class EncodedShards(ShardForm):
                 layout, partial(decode_chunk, layout, payload[offset:offset + n], where)))
         return pieces
 
-    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
-        need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
-        raw = self.source.raw(need, ram=False)
+    def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
+             need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]) -> Pieces:
         pieces: Pieces = {}
         pos = 0
         for layout, s, span, key in todo:

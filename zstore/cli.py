@@ -86,12 +86,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
         print(append(args.paths[:-1], args.paths[-1], workers=args.workers, dask=args.dask,
                      storage_options=_storage_options(args), verify=args.verify,
-                     progress=not args.no_progress))
+                     progress=not args.no_progress,
+                     rates=_pairs(args.rate, "--rate", float) if args.rate else None,
+                     time_axis=_time_axis(args.time_axis) if args.time_axis else None,
+                     codec=args.codec, chunk_seconds=args.chunk_seconds))
         return 0
     report = convert(args.paths[:-1], args.paths[-1], rates=_pairs(args.rate, "--rate", float),
                      time_axis=_time_axis(args.time_axis),
-                     chunk_seconds=args.chunk_seconds,
-                     codec=args.codec, workers=args.workers, dask=args.dask,
+                     chunk_seconds=1.0 if args.chunk_seconds is None else args.chunk_seconds,
+                     codec=args.codec or "lz4", workers=args.workers, dask=args.dask,
                      storage_options=_storage_options(args), verify=args.verify,
                      progress=not args.no_progress, overwrite=args.overwrite)
     print(report)
@@ -227,8 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-axis", action="append", metavar="AXIS|NAME=AXIS",
                    help="time axis of every array (default -1: last), or of one array, "
                         "e.g. --time-axis wav=0 for audio stored (samples, mics); repeat")
-    p.add_argument("--chunk-seconds", type=float, default=1.0, help="chunk duration (1.0)")
-    p.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "none"],
+    p.add_argument("--chunk-seconds", type=float, default=None, help="chunk duration (1.0)")
+    p.add_argument("--codec", default=None, choices=["lz4", "zstd", "none"],
                    help="compression (default lz4: Blosc lz4 + bitshuffle; crc32c always)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
     p.add_argument("--dask", metavar="ADDRESS", default=None,
@@ -239,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace what DST holds")
     p.add_argument("--append", action="store_true",
                    help="add the sources' items to the finished store DST, with its codec, "
-                        "chunking and rates (--rate, --time-axis, --codec are its own)")
+                        "chunking and rates (--rate, --time-axis, --codec, --chunk-seconds "
+                        "may only repeat the store's own); a rerun adds nothing twice")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _remote_options(p)
     p.set_defaults(func=cmd_convert)

@@ -29,6 +29,7 @@ from zstore.manifests import build, geometry, publish, shape_rows
 from zstore.objects import (ObjectWriter, array_meta, data_type, dumps, encode_array, group_meta,
                             handles)
 from zstore.source import SourceItem, SourcePlan, open_source, plan
+from zstore.storelock import LOCK_NAME, store_lock, wipe
 from zstore.tasks import Progress, cluster_client, local_pool, run_batches
 
 CODECS = ("lz4", "zstd", "none")
@@ -118,6 +119,8 @@ class ConvertReport:
     verified: bool = False
     store_id: str = ""
     sources: list[str] = field(default_factory=list)
+    #: sources left out of an append: in the store already, unchanged
+    already_in_store: list[str] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -136,6 +139,8 @@ class ConvertReport:
                    if a.rate else "stored whole (no time axis)")
             lines.append(f"  {name}: {how}")
         lines += [f"  skipped {s}" for s in self.skipped]
+        lines += [f"already in the store, nothing added from it: {s}"
+                  for s in self.already_in_store]
         if self.verified:
             lines.append("verified: every array equals the source")
         return "\n".join(lines)
@@ -168,6 +173,12 @@ class _Job:
     arrays: dict[str, ArrayInfo]
     chunk_seconds: float
     codec: str
+    #: per source file, the completion mark its items carry (an append's items name their
+    #: file's version, so a rerun after the file changed writes them anew); else True
+    marks: tuple[tuple[str, str], ...] = ()
+
+    def mark(self, source: str) -> str | bool:
+        return dict(self.marks).get(source, True)
 
 
 def _geometry(shape: tuple[int, ...], info: ArrayInfo, chunk_seconds: float,
@@ -215,7 +226,7 @@ def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
                 root = zarr.open_group(zarr_store(job.dst, job.storage_options,
                                                   read_only=False), mode="r+")
             _write_by_zarr(job, root, src_group, item, by_zarr)
-        mark = group_meta({**_attrs(src_group), DONE_ATTR: True})
+        mark = group_meta({**_attrs(src_group), DONE_ATTR: job.mark(item.source)})
         writer.put({f"{item.name}/zarr.json": mark})
         out.append(store_bytes(f"{job.dst.rstrip('/')}/{item.name}", job.storage_options)
                    if by_zarr else len(mark) + sum(len(v) for v in objects.values()))
@@ -327,7 +338,8 @@ def _prepare_destination(dst: str, storage_options: dict[str, Any] | None,
     if root is None and not overwrite and _has_files(dst, storage_options):
         raise DestinationError(f"{dst} exists and is not empty; pass --overwrite to replace it "
                                "or choose a new destination")
-    root = zarr.open_group(store, mode="w")
+    wipe(dst, storage_options)  # all but the lock this process holds
+    root = zarr.open_group(store, mode="a")
     root.attrs.put({PROGRESS_ATTR: fingerprint})
     return root, True
 
@@ -337,7 +349,7 @@ def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
 
     fs, path = fsspec.core.url_to_fs(dst, **(storage_options or {}))
     try:
-        return bool(fs.ls(path))
+        return any(c.rstrip("/").rsplit("/", 1)[-1] != LOCK_NAME for c in fs.ls(path))
     except (FileNotFoundError, NotADirectoryError):
         return fs.exists(path)
 
@@ -401,6 +413,17 @@ def _convert(job: _Job, source: SourcePlan, files: list[str], fingerprint: dict[
              workers: int, overwrite: bool, verify: bool, progress: bool, client: Any,
              pool: cf.ProcessPoolExecutor | None, t0: float) -> ConvertReport:
     """:func:`convert` once the source is planned and the workers are up."""
+    with store_lock(job.dst, job.storage_options):
+        return _convert_locked(job, source, files, fingerprint, workers=workers,
+                               overwrite=overwrite, verify=verify, progress=progress,
+                               client=client, pool=pool, t0=t0)
+
+
+def _convert_locked(job: _Job, source: SourcePlan, files: list[str],
+                    fingerprint: dict[str, Any], *, workers: int, overwrite: bool,
+                    verify: bool, progress: bool, client: Any,
+                    pool: cf.ProcessPoolExecutor | None, t0: float) -> ConvertReport:
+    """:func:`_convert` while this process holds the store's lock."""
     dst, storage_options = job.dst, job.storage_options
     try:
         root, fresh = _prepare_destination(dst, storage_options, fingerprint, overwrite)
@@ -463,16 +486,19 @@ def write_missing(job: _Job, source: SourcePlan, workers: int, progress: bool, d
 
 
 def _finished_items(job: _Job, items: list[SourceItem]) -> set[str]:
-    """The items whose group carries the completion mark (written after their arrays)."""
+    """The items whose group carries the completion mark (written after their arrays)
+    that this job would write (an append's mark names its source file's version)."""
     writer = ObjectWriter(job.dst, job.storage_options)
     found = writer.read_many([f"{it.name}/zarr.json" for it in items])
     done = set()
-    for key, raw in found.items():
+    for it in items:
+        raw = found.get(f"{it.name}/zarr.json")
         try:
-            if json.loads(raw).get("attributes", {}).get(DONE_ATTR):
-                done.add(key[:-len("/zarr.json")])
+            mark = json.loads(raw).get("attributes", {}).get(DONE_ATTR) if raw else None
         except ValueError:
-            pass  # cut short by a crash: not complete
+            continue  # cut short by a crash: not complete
+        if mark is not None and mark == job.mark(it.source):
+            done.add(it.name)
     return done
 
 

@@ -61,6 +61,25 @@ def source_name(f: str) -> str:
     return f if is_url(f) else os.path.abspath(f)
 
 
+def file_identity(f: str) -> dict[str, Any]:
+    """What says a source file is the one an append wrote from: its name, size and
+    version (modification time, inode and change time on a local disk; ETag or
+    modification time on an object store)."""
+    if is_url(f):
+        return fingerprint([f], {})["sources"][0]
+    st = os.stat(f)
+    return {"source": source_name(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "inode": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+def identity_mark(identity: dict[str, Any]) -> str:
+    """A short string naming one version of a source file (an item's completion mark)."""
+    import hashlib
+    import json
+
+    return "v:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
 def fingerprint(files: list[str], options: dict[str, Any]) -> dict[str, Any]:
     """What identifies one conversion: every source's path, size and mtime, and options."""
     out = []

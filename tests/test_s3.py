@@ -167,3 +167,34 @@ def test_network_file_system_paths_are_read_concurrently(tmp_path, monkeypatch):
     assert nfs.read_many([(f"k{i}", 10, 20) for i in range(4)]) == [bytes([i]) * 10
                                                                     for i in range(4)]
     assert nfs._concurrent and nfs._pool is not None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["no credentials", "unreachable endpoint"])
+def test_conversion_to_s3_that_cannot_be_written_is_one_line(s3, small_h5, tmp_path, case):
+    import os
+
+    options, _ = s3
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true",
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_ENDPOINT_URL=options["client_kwargs"]["endpoint_url"],
+               AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="2")
+    if case == "unreachable endpoint":
+        env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                   AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}")
+    proc = subprocess.run([PYTHON, "-m", "zstore.cli", "convert", small_h5,
+                           "s3://zstore-test/denied.zarr", "--rate", "wav=16000",
+                           "--rate", "act=100", "--no-progress", "--workers", "1"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "s3://zstore-test/denied.zarr" in proc.stderr and "credentials" in proc.stderr
+    assert os.path.exists(small_h5)

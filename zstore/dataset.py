@@ -43,7 +43,17 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
     """The item names an ``items=`` argument stands for, checked against the store."""
     known = reader.manifest.items
     if callable(items):
-        return [n for i, n in enumerate(known) if items(n, reader.item_attrs(i))]
+        chosen = []
+        for i, n in enumerate(known):
+            try:
+                keep = items(n, reader.item_attrs(i))
+            except Exception as e:
+                raise ConfigError(f"{url}: the items= callable raised {type(e).__name__} "
+                                  f"({e}) on item {n!r}; fix it so that it returns True or "
+                                  "False for every item") from e
+            if keep:
+                chosen.append(n)
+        return chosen
     if isinstance(items, (str, os.PathLike)):
         try:
             with open(items) as f:
@@ -328,9 +338,9 @@ class WindowDataset(torch.utils.data.Dataset):
             epoch = self.epoch
             self._note_plain(i)
         n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"index {i} out of range for {n} windows")
-        item_i, j = divmod(i % n, self.windows_per_item)
+        if not 0 <= i < n:  # a negative index is a caller's bug, never the last item
+            raise IndexError(f"index {i} out of range for {n} windows (0 to {n - 1})")
+        item_i, j = divmod(i, self.windows_per_item)
         item = int(self._index[item_i])
         return window_for(item, int(self._lengths[item]), self._window, self.seed, epoch, j)
 

@@ -7,9 +7,12 @@ Importable without Lightning; using it needs ``pip install zstore[lightning]``.
     trainer.fit(model, datamodule=dm)
 
 Pass ``use_distributed_sampler=False``: the module brings its own sampler, a
-:class:`zstore.NodeSampler` whose indices carry the epoch. Lightning's
-``set_epoch`` on it then moves the shuffle and the window draw, also with persistent
-workers, and each node's tiers keep the node's share of the data.
+:class:`zstore.NodeSampler` whose indices carry the epoch. The sampler takes the epoch
+from the trainer when each epoch's iteration starts, so the shuffle and the window
+draw move every epoch, also with persistent workers, and a run resumed from a
+checkpoint draws the windows of the epoch it resumes into (Lightning starts the
+DataLoader's iterator before its ``set_epoch`` then).  Each node's tiers keep the node's
+share of the data.
 """
 
 from __future__ import annotations
@@ -97,7 +100,20 @@ class WindowDataModule(_Base):  # type: ignore[misc,valid-type]
             self.setup("fit")
         sampler = NodeSampler(self.train_set, shuffle=True, seed=self.seed,
                               local_world_size=self.local_world_size, drop_last=True)
+        sampler.epoch_source = self._trainer_epoch  # right on resume, whatever the order
         return self._loader(self.train_set, sampler, drop_last=True)
+
+    def _trainer_epoch(self) -> int | None:
+        """The epoch the trainer is about to train: the count of epochs it has processed,
+        as Lightning's own ``set_epoch`` uses (``current_epoch`` still says the epoch
+        before while a run resumed from an end-of-epoch checkpoint starts its loader)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return None
+        try:
+            return int(trainer.fit_loop.epoch_progress.current.processed)
+        except AttributeError:  # another Lightning version
+            return int(trainer.current_epoch)
 
     def val_dataloader(self) -> Any:
         if self.val_set is None:

@@ -24,7 +24,7 @@ import math
 import os
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,17 +47,28 @@ class _EpochSampler(torch.utils.data.Sampler, abc.ABC):
 
     epoch = 0
     _start = 0
+    #: Where the epoch comes from when iteration starts, if not from :meth:`set_epoch`
+    #: (e.g. a Lightning trainer's ``current_epoch``: on resume Lightning starts the
+    #: DataLoader's iterator, and persistent workers pull indices ahead, before it calls
+    #: ``set_epoch``).  None: the last ``set_epoch``.
+    epoch_source: Callable[[], int | None] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._start = int(epoch), 0
+
+    def _current_epoch(self) -> int:
+        given = self.epoch_source() if self.epoch_source is not None else None
+        if given is not None and int(given) != self.epoch:
+            self.epoch, self._start = int(given), 0
+        return self.epoch
 
     @abc.abstractmethod
     def order(self, epoch: int | None = None) -> list[int]:
         """The indices of ``epoch`` (default: the current one), in order."""
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch, start = self.epoch, self._start
-        self._start = 0
+        epoch = self._current_epoch()
+        start, self._start = self._start, 0
         return ((epoch, i) for i in self.order(epoch)[start:])
 
 

@@ -6,8 +6,10 @@
 
 Files are read in fixed-size blocks through the node-shared RAM and SSD tiers, with
 their budgets, checksums, fill locks (one origin read per block for the node) and
-degradation rules.  A block's key carries the file's size and ETag (or mtime), so a
-file that changed is never served from stale blocks.  ``ls``, ``info`` and ``exists``
+degradation rules.  A block's key carries the file's size and ETag (with the version
+id where there is one), or on a local disk or NFS its mtime, inode and ctime, so a file
+that changed is never served from stale blocks, even one rewritten with its size and
+mtime kept (``cp -p``, ``rsync -a``).  ``ls``, ``info`` and ``exists``
 pass through to the target; when the target cannot be reached, a file's last known
 details are used and the blocks already cached are served, with one warning
 (stale-if-error), so a job survives an origin outage.  Read-only.
@@ -120,10 +122,17 @@ class CachedFileSystem(_Base):
             return False
 
     def _version(self, info: dict[str, Any]) -> str:
-        """What identifies one version of a file: size plus ETag, else mtime."""
-        tag = info.get("ETag") or info.get("etag") or info.get("mtime") or \
-            info.get("LastModified") or info.get("last_modified") or info.get("created")
-        return f"{info.get('size')}:{tag}"
+        """What identifies one version of a file: size plus ETag (and version id) on an
+        object store; on a local disk or NFS, the modification time with what ``cp -p``
+        and ``rsync -a`` cannot restore: the inode and the change time."""
+        tag = info.get("ETag") or info.get("etag")
+        if tag:
+            version = info.get("VersionId") or info.get("version_id")
+            return f"{info.get('size')}:{tag}" + (f":{version}" if version else "")
+        tag = info.get("mtime") or info.get("LastModified") or info.get("last_modified") \
+            or info.get("created")
+        local = [info.get(k) for k in ("ino", "created") if info.get(k) is not None]
+        return ":".join(str(x) for x in [info.get("size"), tag, *local])
 
     def _known_path(self, path: str) -> str | None:
         if self._known_dir is None:

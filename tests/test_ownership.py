@@ -108,56 +108,113 @@ def test_unknown_shared_group_is_a_config_error(tmp_path):
         zstore.CacheConfig(ram_dir=tmp_path / "r", shared_group="no-such-group-zz").resolved()
 
 
-GID = 48213  # a group only this test uses
+@pytest.fixture
+def system_group():
+    """A group and three users in the system's databases (root only; removed after):
+    the shared-group check asks them who is a member."""
+    import subprocess
+    import uuid
 
-
-def _member(uid: int, store: str, ram: str, queue) -> None:
-    """A process of another user in the shared group: read windows through the tier."""
+    if os.geteuid() != 0 or not shutil.which("groupadd") or not shutil.which("useradd"):
+        pytest.skip("needs root and groupadd/useradd to make a real group")
+    tag = uuid.uuid4().hex[:6]
+    group, users = f"zsg{tag}", [f"zsu{tag}{k}" for k in range(3)]
+    subprocess.run(["groupadd", group], check=True)
     try:
-        os.setgroups([GID])
-        os.setgid(GID)
+        for user in users:
+            subprocess.run(["useradd", "-M", "-N", "-G", group, "-s", "/bin/false", user],
+                           check=True)
+        import grp
+        import pwd
+
+        yield (grp.getgrnam(group).gr_gid, [pwd.getpwnam(u).pw_uid for u in users],
+               group, users)
+    finally:
+        for user in users:
+            subprocess.run(["userdel", user], capture_output=True)
+        subprocess.run(["groupdel", group], capture_output=True)
+
+
+def _member(uid: int, gid: int, store: str, ram: str, queue) -> None:
+    """A process of another user in the shared group: read windows through the tier."""
+    import warnings
+
+    try:
+        os.setgroups([gid])
+        os.setgid(gid)
         os.setuid(uid)
         cfg = zstore.CacheConfig(ram_dir=ram, ram_bytes="64MB", ssd_dir=None,
-                                 shared_group=GID)
-        ds = zstore.WindowDataset(store, window_seconds=2.0, cache=cfg)
-        got = windows(ds)
-        queue.put((uid, got, zstore.cache_stats(cfg)["ram"]["hits"], None))
+                                 shared_group=gid)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = zstore.WindowDataset(store, window_seconds=2.0, cache=cfg)
+            got = windows(ds)
+        said = " ".join(str(w.message) for w in caught)
+        queue.put((uid, got, zstore.cache_stats(cfg)["ram"]["hits"], None, said))
     except BaseException as e:  # report, do not hang the parent
-        queue.put((uid, None, 0, repr(e)))
+        queue.put((uid, None, 0, repr(e), ""))
+
+
+def _shared_base(small_h5: str, gid: int) -> tuple[Path, Path, Path]:
+    base = Path(tempfile.mkdtemp(prefix="zstore-group-", dir="/tmp"))
+    base.chmod(0o755)  # the store is readable by the group's members
+    store = base / "s.zarr"
+    zstore.convert(small_h5, store, rates={"wav": 16000, "act": 100}, workers=1,
+                   progress=False)
+    shared = base / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, gid)
+    shared.chmod(0o2770)
+    return base, store, shared / "ram"
+
+
+def _as_users(uids: list[int], gid: int, store: Path, ram: Path) -> list:
+    ctx = mp.get_context("fork")  # setuid after the imports: the venv may be private
+    queue = ctx.Queue()
+    results = []
+    for uid in uids:  # one after the other: the next reads what the one before filled
+        p = ctx.Process(target=_member, args=(uid, gid, str(store), str(ram), queue))
+        p.start()
+        results.append(queue.get(timeout=300))
+        p.join(timeout=300)
+    return results
 
 
 @root_only
-def test_a_shared_group_serves_two_users(small_h5):
-    base = Path(tempfile.mkdtemp(prefix="zstore-group-", dir="/tmp"))
+def test_a_shared_group_serves_two_users(small_h5, system_group):
+    gid, uids, _, _ = system_group
+    base, store, ram = _shared_base(small_h5, gid)
     try:
-        base.chmod(0o755)  # the store is readable by the group's members
-        store = base / "s.zarr"
-        zstore.convert(small_h5, store, rates={"wav": 16000, "act": 100}, workers=1,
-                       progress=False)
-        shared = base / "shared"
-        shared.mkdir()
-        os.chown(shared, 0, GID)
-        shared.chmod(0o2770)
-        ram = shared / "ram"
-        ctx = mp.get_context("fork")  # setuid after the imports: the venv may be private
-        queue = ctx.Queue()
-        results = []
-        for uid in (61001, 61002):  # one after the other: the second reads what the first filled
-            p = ctx.Process(target=_member, args=(uid, str(store), str(ram), queue))
-            p.start()
-            results.append(queue.get(timeout=300))
-            p.join(timeout=300)
+        results = _as_users(uids[:2], gid, store, ram)
         expected = windows(zstore.WindowDataset(store, window_seconds=2.0, cache=False))
-        for uid, got, hits, error in results:
+        for uid, got, hits, error, _ in results:
             assert error is None, error
             assert got == expected
         assert results[1][2] > results[0][2]  # the second user hit what the first cached
         st = ram.stat()
-        assert st.st_gid == GID and stat.S_IMODE(st.st_mode) == 0o2770
+        assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == 0o2770
         dirs, files = modes(ram)
         assert dirs == {0o2770} and files <= {0o660}
         owners = {p.stat().st_uid for p in ram.rglob("*") if p.is_file()}
-        assert owners >= {61001}
+        assert owners >= {uids[0]}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@root_only
+def test_a_tier_made_by_a_former_member_of_the_group_is_refused(small_h5, system_group):
+    import subprocess
+
+    gid, uids, group, users = system_group
+    base, store, ram = _shared_base(small_h5, gid)
+    try:
+        _as_users([uids[2]], gid, store, ram)  # a member fills the tier (owns its dirs)
+        assert ram.stat().st_uid == uids[2]
+        subprocess.run(["gpasswd", "-d", users[2], group], check=True, capture_output=True)
+        (_, got, hits, error, said), = _as_users([uids[0]], gid, store, ram)
+        assert error is None, error
+        assert hits == 0 and "not in the shared group" in said and users[2] in said
+        assert got == windows(zstore.WindowDataset(store, window_seconds=2.0, cache=False))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -8,7 +8,9 @@ can write into it:
 - private (the default): owned by this user, not writable by group or others; zstore
   creates its directories ``0700`` and its files ``0600``;
 - shared with a group (``CacheConfig(shared_group=...)``): owned by that group,
-  setgid, not writable by others; directories ``2770``, files ``0660``.  Every member
+  setgid, not writable by others, and owned by you, root or a member of the group as
+  the system's databases say (``getent group``): a directory made by someone who has
+  since left the group is refused.  Directories ``2770``, files ``0660``.  Every member
   of the group can then feed every other member's training.
 
 A directory that fails the check is refused with one warning naming it, its owner and
@@ -67,7 +69,23 @@ def problem(path: str, gid: int | None) -> str | None:
         return "can be written by anyone (mode {:04o}; want 2770)".format(mode)
     if gid != os.getegid() and gid not in os.getgroups():
         return f"is shared with group {_group(gid)}, which you are not in"
+    if st.st_uid not in (os.geteuid(), 0) and not is_member(st.st_uid, gid):
+        return (f"belongs to {_user(st.st_uid)}, who is not in the shared group "
+                f"{_group(gid)} (a former member could have written anything there); "
+                "have the directory removed, or recreated by a member")
     return None
+
+
+def is_member(uid: int, gid: int) -> bool:
+    """Whether the system's user and group databases put user ``uid`` in group ``gid``
+    (its primary group, or listed as a member).  A user or group the databases do not
+    know is no member: nothing vouches for it."""
+    try:
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid or user.pw_name in group.gr_mem
 
 
 def shared_gid(path: str) -> int | None:

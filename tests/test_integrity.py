@@ -57,3 +57,96 @@ def test_a_local_file_rewritten_with_its_size_and_mtime_kept_is_not_served_stale
         assert f.read() == b"b" * 300_000
     with fsspec.open(url, "rb", zstore=cfg) as f:
         assert f.read() == b"b" * 300_000
+
+
+TRUNCATE = '''
+import glob, os, sys
+import numpy as np
+import zstore
+
+store, ram, cut = sys.argv[1], sys.argv[2], float(sys.argv[3])
+cache = zstore.CacheConfig(ram_dir=ram, ram_bytes="64MB", ssd_dir=None) if ram != "-" \\
+    else False
+ds = zstore.WindowDataset(store, window_seconds=1.0, cache=cache)
+before = [(ds[i]["wav"].numpy().copy(), int(ds[i]["length"])) for i in range(len(ds))]
+table, = glob.glob(os.path.join(store, "zstore_items_*", "c", "0"))
+with open(table, "r+b") as f:  # an interrupted cp over the store: cut short in place
+    f.truncate(int(os.path.getsize(table) * cut))
+after = [(ds[i]["wav"].numpy(), int(ds[i]["length"])) for i in range(len(ds))]
+assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] > 0 for a, b in zip(before, after))
+print("same windows", len(after))
+'''
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.0])
+@pytest.mark.parametrize("tier", ["ram", "none"])
+def test_the_item_table_truncated_under_a_running_job(small_store, tmp_path, cut, tier):
+    from conftest import PYTHON, subprocess_env
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(small_store, store)
+    script = tmp_path / "job.py"
+    script.write_text(TRUNCATE)
+    ram = str(tmp_path / "ram") if tier == "ram" else "-"
+    proc = subprocess.run([PYTHON, str(script), str(store), ram, str(cut)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])  # -7: SIGBUS
+    assert "same windows 6" in proc.stdout
+    with pytest.raises(zstore.StoreFormatError, match="item table"):  # a new job refuses
+        zstore.WindowDataset(store, window_seconds=1.0, cache=False)
+
+
+def _flip(path, at: int = 100) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_damaged_node_copy_of_the_item_table_is_made_anew(s3, small_h5, tmp_path):
+    options, _ = s3
+    url = "s3://zstore-test/table-copy.zarr"
+    zstore.convert(small_h5, url, rates={"wav": 16000, "act": 100}, storage_options=options,
+                   workers=1, progress=False)
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    expected = [zstore.WindowDataset(url, window_seconds=1.0, cache=False,
+                                     storage_options=options)[i]["wav"] for i in range(6)]
+    zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
+    copy, = (tmp_path / "ram").rglob("tables/*zstore_items_*")
+    _flip(copy)
+    ds = zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
+    assert all(ds[i]["wav"].equal(expected[i]) for i in range(6))
+    again, = (tmp_path / "ram").rglob("tables/*zstore_items_*")
+    from zstore.table import MAGIC  # the copy was replaced by a good one
+
+    assert again.read_bytes().startswith(MAGIC)
+    zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
+
+
+def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small_store,
+                                                                           tmp_path):
+    import sys
+
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    ram = tmp_path / "ram"
+    ram.mkdir(mode=0o700)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", str(ram)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        fd = os.open(ram / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:  # another process filled the tmpfs
+            with pytest.raises(OSError):
+                while True:
+                    os.write(fd, b"x" * 512)
+        finally:
+            os.close(fd)
+        cfg = zstore.CacheConfig(ram_dir=ram, ram_bytes="1MB", ssd_dir=None)
+        with pytest.warns(UserWarning, match="item table in its own memory"):
+            ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg)
+        plain = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False)
+        assert all(ds[i]["wav"].equal(plain[i]["wav"]) for i in range(len(ds)))
+    finally:
+        subprocess.run(["umount", "-l", str(ram)], check=True)  # -l: maps may remain

@@ -11,11 +11,13 @@ a reader that opened the store before keeps the table it mapped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import mmap
 import os
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +28,7 @@ from zstore.errors import StoreFormatError
 from zstore.layout import (MANIFEST_ATTR, ArrayInfo, Manifest, chunk_length, shard_length,
                            step_nbytes, time_lengths)
 from zstore.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
-from zstore.origin import Origin, is_url, local_path
+from zstore.origin import Origin
 from zstore.sizing import array_totals
 from zstore.table import pack
 
@@ -169,33 +171,61 @@ def _identity(path: str, fd: int) -> tuple[str, int, int, int]:
 
 def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
                store_id: str) -> memoryview:
-    """The item table's bytes: mapped from a local store, or from the node's copy of a
-    remote one (written once, by whichever process comes first), else read."""
+    """The item table's bytes, checked: mapped from the node's copy (in the node
+    directory of the first cache tier, written once by whichever process comes first),
+    else read into this process.
+
+    Never mapped from the store itself, local or not: users replace a store's files in
+    place (an interrupted ``cp``, ``rsync --inplace``), and a map of a file truncated
+    under it reads zeros or kills the process (SIGBUS).  The node copy is zstore's own
+    file, written whole and renamed into place; a copy that fails its checksum is
+    dropped and made anew from the store.  Without a node directory (no cache tier),
+    each process holds the table's bytes (~50 bytes an item for two arrays)."""
     where = f"{url}/{key}"
-    local = not is_url(url) and origin._fs_given is None
-    path = os.path.join(local_path(url), key) if local else None
-    if node_dir is not None and not local:
+    copy = None
+    if node_dir is not None:
         try:
             os.makedirs(node_dir, exist_ok=True)
-            path = os.path.join(node_dir, f"{store_id}-{key.replace('/', '_')}")
+            copy = os.path.join(node_dir, f"{store_id}-{key.replace('/', '_')}")
         except OSError:
             pass  # no node copy: this process reads its own
     try:
-        if path is None:
-            return _checked(origin.read(key), where)
-        if not os.path.exists(path):  # a node copy to make (a local store's is there)
-            raw = origin.read(key)
-            _checked(raw, where)  # a damaged table is not copied for the node
-            tmp = f"{path}.{os.getpid()}.partial"
-            with open(tmp, "wb") as f:
-                f.write(raw)
-                f.flush()  # the last write sets the modification time
-                VERIFIED.add(_identity(path, f.fileno()))  # checked just above
-            os.replace(tmp, path)
-        return _mapped_checked(path, where)
+        if copy is not None:
+            try:
+                return _mapped_checked(copy, where)
+            except FileNotFoundError:
+                pass  # none yet: made below
+            except StoreFormatError:  # the node's copy is damaged, not the store: anew
+                with contextlib.suppress(OSError):
+                    os.unlink(copy)
+        raw = origin.read(key)
+        view = _checked(raw, where)  # a damaged table is never copied for the node
+        if copy is not None and _write_copy(copy, raw, where):
+            return _mapped_checked(copy, where)
+        return view
     except FileNotFoundError:
         raise StoreFormatError(f"{where}: the item table is missing; restore it from a good "
                                "copy or reconvert the store") from None
+
+
+def _write_copy(path: str, raw: bytes, where: str) -> bool:
+    """Write the node's copy of a checked table (temp file, then rename); False, with
+    one warning, when it cannot be written (a full tmpfs): the caller keeps the bytes."""
+    tmp = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            f.flush()  # the last write sets the modification time
+            VERIFIED.add(_identity(path, f.fileno()))  # checked by the caller
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        warnings.warn(f"zstore: cannot keep the node's copy of {where} in "
+                      f"{os.path.dirname(path)} ({e.strerror or e}); this process holds "
+                      "the item table in its own memory", stacklevel=4)
+        return False
 
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = None,

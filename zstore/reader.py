@@ -77,7 +77,7 @@ class WindowReader:
         resolved: ResolvedCache | None = self.cache.resolved() if self.cache else None
         self.tiers: TieredCache | None = None
 
-        def tables(store_id: str) -> str | None:  # remote item tables: one copy per node
+        def tables(store_id: str) -> str | None:  # item tables: one copy per node
             self.tiers = TieredCache(resolved, store_id) if resolved else None
             return self.tiers.node_dir("tables") if self.tiers else None
 

@@ -7,7 +7,8 @@ at the store's root, from before it reads the manifest until after it publishes:
 
 - on a local disk or NFS, an ``flock`` on that file (NFS clients map it to a lock on the
   server); the kernel releases it when the holder dies, so a killed writer never leaves
-  a stale lock;
+  a stale lock.  The holder removes the file when it is done (zarr would list it as an
+  unknown object), and a waiter that then holds a removed file's lock tries again;
 - on an object store (S3 and other fsspec URLs), an object created with a conditional
   write (``If-None-Match: *``): exactly one writer creates it.  It names its holder and
   is deleted on release; a writer killed while holding it leaves it, and the error that
@@ -57,7 +58,10 @@ def store_lock(dst: str, storage_options: dict[str, Any] | None = None, *,
                                "writable destination") from None
     try:
         yield
-    finally:
+    finally:  # unlinked while held: a waiter on this file finds it gone and retries
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)
         os.close(fd)
 
 

@@ -150,3 +150,90 @@ def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small
         assert all(ds[i]["wav"].equal(plain[i]["wav"]) for i in range(len(ds)))
     finally:
         subprocess.run(["umount", "-l", str(ram)], check=True)  # -l: maps may remain
+
+
+FILL_TMPFS = '''
+import os, sys, warnings
+import zstore
+
+store, ram = sys.argv[1], sys.argv[2]
+warnings.simplefilter("ignore")
+cfg = zstore.CacheConfig(ram_dir=ram, ram_bytes="2GB", ram_format="encoded", ssd_dir=None)
+ds = zstore.WindowDataset(store, window_seconds=0.5, cache=cfg, windows_per_item=40)
+plain = zstore.WindowDataset(store, window_seconds=0.5, cache=False, windows_per_item=40)
+assert ds[0]["wav"].equal(plain[0]["wav"])
+fd = os.open(os.path.join(ram, "filler"), os.O_WRONLY | os.O_CREAT, 0o600)
+try:  # another process fills the tmpfs while this one reads
+    while True:
+        os.write(fd, b"x" * 4096)
+except OSError:
+    pass
+for epoch in range(3):
+    ds.set_epoch(epoch)
+    plain.set_epoch(epoch)
+    assert all(ds[i]["wav"].equal(plain[i]["wav"]) for i in range(len(ds)))
+print("read", 3 * len(ds))
+'''
+
+
+def _small_tmpfs(path, size: str) -> None:
+    import sys
+
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    path.mkdir(mode=0o700)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                       str(path)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+
+
+def test_a_tmpfs_filled_under_a_running_reader_is_no_sigbus(small_store, tmp_path):
+    from conftest import PYTHON, subprocess_env
+
+    ram = tmp_path / "ram"
+    _small_tmpfs(ram, "24m")
+    try:
+        script = tmp_path / "job.py"
+        script.write_text(FILL_TMPFS)
+        proc = subprocess.run([PYTHON, str(script), small_store, str(ram)],
+                              env=subprocess_env(), capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])  # -7: SIGBUS
+        assert "read 720" in proc.stdout
+    finally:
+        subprocess.run(["umount", "-l", str(ram)], check=True)
+
+
+def _largest_value(directory) -> "os.PathLike":
+    files = [p for p in directory.rglob("*.val")] or [
+        p for p in directory.rglob("*") if p.is_file() and p.suffix not in (".db", ".bin")]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def _whole_items(store, cache):
+    ds = zstore.WindowDataset(store, window_seconds=None, cache=cache)
+    return [ds[i]["wav"].numpy().tobytes() for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("form", ["decoded", "encoded"])
+def test_a_damaged_ram_shard_found_by_one_reader_is_dropped_for_every_reader(
+        small_store, tmp_path, form):
+    """Readers that checked a shard's blocks before it was damaged keep no stale map
+    once any reader finds the damage (the drop is in the eviction log), and a damaged
+    encoded shard is dropped and its chunk read from the origin, not an error."""
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="256MB", ssd_dir=None,
+                             ram_format=form)
+    expected = _whole_items(small_store, False)
+    first = zstore.WindowDataset(small_store, window_seconds=None, cache=cfg)
+    for _ in range(2):  # built, then mapped and its blocks checked by this reader
+        assert [first[i]["wav"].numpy().tobytes() for i in range(len(first))] == expected
+    victim = _largest_value(tmp_path / "ram")
+    size = victim.stat().st_size
+    for at in range(size // 3, size - 64, size // 7):  # flips across the payload
+        _flip(victim, at)
+    if form == "decoded":  # another reader, which checks the blocks afresh, finds it
+        assert _whole_items(small_store, cfg) == expected
+    for _ in range(2):  # the first reader unmaps the damaged shard: right values, no error
+        assert [first[i]["wav"].numpy().tobytes() for i in range(len(first))] == expected
+    assert zstore.cache_stats(cfg)["ram"]["corrupt"] >= 1
+    assert _whole_items(small_store, cfg) == expected

@@ -68,7 +68,7 @@ class MappedValues:
         checked, path, ino = got
         view = make_view(checked)
         if view is None:  # the value does not fit its form: corrupt, drop it
-            self.tier.drop(key)
+            self.tier.drop(key, ino)
             return None
         entry = self.maps[key] = Mapped(view, checked, path, ino)
         if len(self.maps) > MAX_MAPS:
@@ -76,9 +76,11 @@ class MappedValues:
         return entry
 
     def discard(self, key: str) -> None:
-        """Unmap a value found corrupt and drop it from the tier, so it is rebuilt."""
-        self.maps.pop(key, None)
-        self.tier.drop(key)
+        """Unmap a value found corrupt and drop it from the tier, so it is rebuilt; the
+        drop is logged where every process looks, so they unmap it too (they may have
+        checked its blocks before the damage)."""
+        entry = self.maps.pop(key, None)
+        self.tier.drop(key, entry.ino if entry is not None else 0)
 
     def drop_evicted(self) -> None:
         """Unmap values evicted by any process, so their tmpfs pages are freed."""

@@ -314,14 +314,27 @@ class EncodedShards(ShardForm):
         payload = got.checked.payload
         part = in_shard(layout, s, span)
         where = f"{self.url}: {layout.object_key(s)} (encoded shard in the RAM tier)"
-        index = got.view
+        index, key = got.view, self.key(layout, s)
         for k in layout.chunks_for(part.start, part.stop):
             offset, n = index[k - first]
             if not got.checked.verify(offset, offset + n):
                 return None
             pieces[(layout.path, -1 - k)] = (k * layout.chunk, Lazy(
-                layout, partial(decode_chunk, layout, payload[offset:offset + n], where)))
+                layout, partial(self._decode, layout, k, key, got.ino,
+                                payload[offset:offset + n], where)))
         return pieces
+
+    def _decode(self, layout: ArrayLayout, k: int, key: str, ino: int, data: Any,
+                where: str, out: np.ndarray | None = None) -> np.ndarray:
+        """Chunk ``k`` decoded from the shard; a chunk that fails its own checksum (the
+        shard was damaged after its blocks were checked) drops the shard for every
+        process, and the chunk is read from the origin instead."""
+        try:
+            return decode_chunk(layout, data, where, out)
+        except IntegrityError:
+            self.ram.drop(key, ino)  # rebuilt on a later read; others unmap it
+            (request, raw), = self.source.raw([(layout, k)], ram=False)
+            return self.source.decode(layout, request, raw, out)
 
     def fill(self, todo: list[tuple[ArrayLayout, int, Span, str]],
              need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]) -> Pieces:

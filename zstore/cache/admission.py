@@ -13,6 +13,7 @@ within a few periods.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import mmap
@@ -69,13 +70,23 @@ class FrequencySketch:
         try:
             if not os.path.exists(self.path):
                 tmp = f"{self.path}.{os.getpid()}.tmp"
-                with open(tmp, "wb") as f:
-                    f.truncate(sketch_bytes(self.width))
-                fix_file(tmp)
-                os.replace(tmp, self.path)
+                try:  # every block allocated now: a sparse file written through a map
+                    with open(tmp, "wb") as f:  # dies of SIGBUS when the tmpfs fills up
+                        os.posix_fallocate(f.fileno(), 0, sketch_bytes(self.width))
+                    fix_file(tmp)
+                    os.replace(tmp, self.path)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
             fd = os.open(self.path, os.O_RDWR)
             size = os.fstat(fd).st_size
             width = (size - HEADER) // (2 * ROWS)
+            try:  # one an older zstore left sparse: allocate it (a no-op when it is)
+                if width >= 1 and size == sketch_bytes(width):
+                    os.posix_fallocate(fd, 0, size)
+            except OSError:
+                width = 0
             if width < 1 or size != sketch_bytes(width):
                 os.close(fd)
                 return False

@@ -231,18 +231,36 @@ class Tier:
             return None
         checked = open_value(value)
         if checked is None or not (mapped or checked.verify(0, len(checked.payload))):
-            return self._corrupt(cache, key)
+            return self._corrupt(cache, key, ino=ino)
         self.stats.add(f"{self.name}_hits")
         self.stats.add(f"{self.name}_hit_bytes", len(checked.payload))
         return checked, handle.name, ino
 
-    def drop(self, key: str) -> None:
-        """Remove a value found corrupt by a lazy check, so it is rebuilt."""
+    def drop(self, key: str, ino: int = 0) -> None:
+        """Remove a value found corrupt by a lazy check, so it is rebuilt.  ``ino``: the
+        inode of the damaged file as the caller mapped it; it is dropped only if it is
+        still the value (another process may have rebuilt it already), and it is logged
+        in the eviction ring either way, so every process unmaps it."""
         cache = self._open()
-        if cache is not None:
-            self._corrupt(cache, key, count_miss=False)
+        if cache is None:
+            return
+        if ino and self._current_ino(cache, key) != ino:
+            self.evictions.record([ino])
+            return
+        self._corrupt(cache, key, count_miss=False, ino=ino)
 
-    def _corrupt(self, cache: diskcache.Cache, key: str, *, count_miss: bool = True) -> None:
+    def _current_ino(self, cache: diskcache.Cache, key: str) -> int:
+        try:
+            handle = cache.get(key, default=None, read=True)
+            if handle is None:
+                return 0
+            with handle:
+                return os.fstat(handle.fileno()).st_ino
+        except Exception:
+            return 0
+
+    def _corrupt(self, cache: diskcache.Cache, key: str, *, count_miss: bool = True,
+                 ino: int = 0) -> None:
         self.stats.add(f"{self.name}_corrupt")
         if count_miss:  # a value found bad on lookup is a miss; one dropped later was a hit
             self.stats.add(f"{self.name}_misses")
@@ -250,6 +268,8 @@ class Tier:
             cache.delete(key, retry=True)
         except Exception as e:
             self._warn("dropping a corrupt value failed", e)
+        if ino:  # processes that mapped it (and checked its blocks before) unmap it
+            self.evictions.record([ino])
         return None
 
     def touch(self, key: str) -> None:

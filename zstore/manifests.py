@@ -170,7 +170,8 @@ def _identity(path: str, fd: int) -> tuple[str, int, int, int]:
 
 
 def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
-               store_id: str) -> memoryview:
+               store_id: str, open_file: Callable[[str, int], int] | None = None
+               ) -> memoryview:
     """The item table's bytes, checked: mapped from the node's copy (in the node
     directory of the first cache tier, written once by whichever process comes first),
     else read into this process.
@@ -180,7 +181,9 @@ def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
     under it reads zeros or kills the process (SIGBUS).  The node copy is zstore's own
     file, written whole and renamed into place; a copy that fails its checksum is
     dropped and made anew from the store.  Without a node directory (no cache tier),
-    each process holds the table's bytes (~50 bytes an item for two arrays)."""
+    each process holds the table's bytes (~50 bytes an item for two arrays).
+    ``open_file(path, flags)`` opens the copy as the tier's own files are opened (their
+    mode and group)."""
     where = f"{url}/{key}"
     copy = None
     if node_dir is not None:
@@ -200,7 +203,7 @@ def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
                     os.unlink(copy)
         raw = origin.read(key)
         view = _checked(raw, where)  # a damaged table is never copied for the node
-        if copy is not None and _write_copy(copy, raw, where):
+        if copy is not None and _write_copy(copy, raw, where, open_file):
             return _mapped_checked(copy, where)
         return view
     except FileNotFoundError:
@@ -208,12 +211,15 @@ def load_table(origin: Origin, url: str, key: str, node_dir: str | None,
                                "copy or reconvert the store") from None
 
 
-def _write_copy(path: str, raw: bytes, where: str) -> bool:
+def _write_copy(path: str, raw: bytes, where: str,
+                open_file: Callable[[str, int], int] | None = None) -> bool:
     """Write the node's copy of a checked table (temp file, then rename); False, with
     one warning, when it cannot be written (a full tmpfs): the caller keeps the bytes."""
     tmp = f"{path}.{os.getpid()}.partial"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     try:
-        with open(tmp, "wb") as f:
+        fd = open_file(tmp, flags) if open_file else os.open(tmp, flags, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()  # the last write sets the modification time
             VERIFIED.add(_identity(path, f.fileno()))  # checked by the caller
@@ -230,7 +236,9 @@ def _write_copy(path: str, raw: bytes, where: str) -> bool:
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = None,
                   tables: Callable[[str], str | None] | None = None,
-                  header: dict[str, Any] | None = None) -> tuple[Manifest, ArrayMetas]:
+                  header: dict[str, Any] | None = None,
+                  open_file: Callable[[str, int], int] | None = None
+                  ) -> tuple[Manifest, ArrayMetas]:
     """A store's manifest and its array metadata.
 
     ``tables(store_id)`` names a node directory to keep remote stores' item tables in;
@@ -244,7 +252,7 @@ def read_manifest(url: str, storage_options: dict[str, Any] | None, fs: Any = No
 
     def table(key: str) -> memoryview:
         return load_table(origin, url, f"{key}/c/0", tables(store_id) if tables else None,
-                          store_id)
+                          store_id, open_file)
 
     manifest = Manifest.from_json(data, url, table=table)
     consolidated = (meta.get("consolidated_metadata") or {}).get("metadata", {})

@@ -23,6 +23,7 @@ import numpy as np
 from zstore.cache.choice import FormatChoice
 from zstore.cache.choice import choose as choose_format
 from zstore.cache.choice import record as record_format
+from zstore.cache.ownership import make_dir, open_file
 from zstore.cache.tiers import TieredCache
 from zstore.config import CacheConfig, ResolvedCache
 from zstore.errors import IntegrityError, StoreFormatError
@@ -79,10 +80,13 @@ class WindowReader:
 
         def tables(store_id: str) -> str | None:  # item tables: one copy per node
             self.tiers = TieredCache(resolved, store_id) if resolved else None
-            return self.tiers.node_dir("tables") if self.tiers else None
+            where = self.tiers.node_dir("tables") if self.tiers else None
+            # made with the tier's ownership and mode, or not used
+            return where if where is not None and make_dir(where) is None else None
 
         self.manifest, self._metas = read_manifest(self.url, self.storage_options,
-                                                   self.origin_fs, tables, self._header)
+                                                   self.origin_fs, tables, self._header,
+                                                   open_file)
         if self.manifest.shapes is not None:  # format 2: workers keep this view
             self._header = self.manifest.header()
         if resolved and self.tiers is None:

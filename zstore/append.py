@@ -34,7 +34,8 @@ from zstore.tasks import cluster_client
 
 def append(src: Any, dst: str | os.PathLike[str], *, workers: int | None = None,
            storage_options: dict[str, Any] | None = None, verify: bool = False,
-           progress: bool = True, dask: Any = None, rates: dict[str, float] | None = None,
+           progress: bool = True, dask: Any = None,
+           rates: dict[str, float | None] | None = None,
            time_axis: int | dict[str, int] | None = None, codec: str | None = None,
            chunk_seconds: float | None = None) -> ConvertReport:
     """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
@@ -90,7 +91,8 @@ def append(src: Any, dst: str | os.PathLike[str], *, workers: int | None = None,
                          store_id=new.store_id, sources=files, already_in_store=seen)
 
 
-def _check_options_agree(dst: str, manifest: Manifest, rates: dict[str, float] | None,
+def _check_options_agree(dst: str, manifest: Manifest,
+                         rates: dict[str, float | None] | None,
                          time_axis: int | dict[str, int] | None, codec: str | None,
                          chunk_seconds: float | None) -> None:
     """Options given with an append must be the store's own."""
@@ -108,8 +110,11 @@ def _check_options_agree(dst: str, manifest: Manifest, rates: dict[str, float] |
         has = "no such array" if info is None else \
             f"'{name}' stored whole (no rate)" if info.rate is None else \
             f"'{name}' at {info.rate:g}/s"
-        if info is None or info.rate is None or float(rate) != float(info.rate):
-            refuse(f"--rate {name}={rate:g}", has)
+        same = info is not None and (
+            info.rate is None if rate is None else
+            info.rate is not None and float(rate) == float(info.rate))
+        if not same:
+            refuse(f"--rate {name}={'none' if rate is None else f'{rate:g}'}", has)
     if time_axis is None:
         return
     for name, info in manifest.arrays.items():
@@ -152,7 +157,7 @@ def _already_in_store(files: list[str], identities: dict[str, dict[str, Any]],
 def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     """The new items, named as the store names its items, checked against it."""
     sources = manifest.extra.get("sources", [])
-    rates = {n: a.rate for n, a in manifest.arrays.items() if a.rate and not a.inferred}
+    rates = {n: a.rate for n, a in manifest.arrays.items()}  # the store's claims, whole too
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
     source = plan(files, rates, axes, optional=True)
     prefix = stems(files) if len(sources) > 1 else None  # as the store names its items
@@ -223,6 +228,8 @@ def _extended(manifest: Manifest, metas: ArrayMetas, source: SourcePlan,
     extra = dict(manifest.extra)
     extra["sources"] = list(extra.get("sources", [])) + [i["source"] for i in identities]
     extra["appended"] = list(extra.get("appended", [])) + identities
+    if source.skipped:
+        extra["skipped"] = list(extra.get("skipped", [])) + list(source.skipped)
     extra["store_bytes"] = nbytes
     return build(store_id=manifest.store_id, arrays=arrays,
                  names=list(manifest.items) + [it.name for it in source.items],

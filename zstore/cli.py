@@ -26,6 +26,22 @@ def _pairs(values: list[str] | None, what: str, convert: Any = str) -> dict[str,
     return out
 
 
+def _rate(text: str) -> float | None:
+    """A ``--rate`` value: samples per second, or ``none`` (store the array whole)."""
+    return None if text.strip().lower() in ("none", "static", "whole") else float(text)
+
+
+def _rates(args: argparse.Namespace) -> dict[str, float | None]:
+    """``--rate NAME=HZ|none`` and ``--static NAME`` (the same as ``--rate NAME=none``)."""
+    out = _pairs(args.rate, "--rate", _rate)
+    for name in args.static or []:
+        if out.get(name) is not None:
+            raise ZstoreError(f"--static {name} and --rate {name}={out[name]:g} contradict "
+                              "each other; give one of them")
+        out[name] = None
+    return out
+
+
 def _option_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -87,11 +103,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(append(args.paths[:-1], args.paths[-1], workers=args.workers, dask=args.dask,
                      storage_options=_storage_options(args), verify=args.verify,
                      progress=not args.no_progress,
-                     rates=_pairs(args.rate, "--rate", float) if args.rate else None,
+                     rates=_rates(args) if args.rate or args.static else None,
                      time_axis=_time_axis(args.time_axis) if args.time_axis else None,
                      codec=args.codec, chunk_seconds=args.chunk_seconds))
         return 0
-    report = convert(args.paths[:-1], args.paths[-1], rates=_pairs(args.rate, "--rate", float),
+    report = convert(args.paths[:-1], args.paths[-1], rates=_rates(args),
                      time_axis=_time_axis(args.time_axis),
                      chunk_seconds=1.0 if args.chunk_seconds is None else args.chunk_seconds,
                      codec=args.codec or "lz4", workers=args.workers, dask=args.dask,
@@ -226,7 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HDF5 files, directories (every *.h5/*.hdf5 below), glob patterns or "
                         "fsspec URLs; then the destination path or URL (s3://bucket/x.zarr)")
     p.add_argument("--rate", action="append", metavar="NAME=HZ",
-                   help="samples per second of an array, e.g. --rate wav=16000 (repeat)")
+                   help="samples per second of an array, e.g. --rate wav=16000 (repeat); "
+                        "NAME=none stores it whole. Other arrays get a rate only from a "
+                        "whole-number length ratio to a given one in items of different "
+                        "lengths")
+    p.add_argument("--static", action="append", metavar="NAME",
+                   help="store this array whole, with no time axis (repeat); the same as "
+                        "--rate NAME=none")
     p.add_argument("--time-axis", action="append", metavar="AXIS|NAME=AXIS",
                    help="time axis of every array (default -1: last), or of one array, "
                         "e.g. --time-axis wav=0 for audio stored (samples, mics); repeat")

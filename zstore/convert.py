@@ -19,6 +19,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
+from zstore.attrs import hdf5_attrs
 from zstore.config import format_size
 from zstore.errors import DestinationError, SourceError, StoreFormatError
 from zstore.layout import DONE_ATTR, MANIFEST_ATTR, PROGRESS_ATTR, ArrayInfo, Manifest
@@ -135,8 +136,12 @@ class ConvertReport:
                  f"source: {format_size(self.source_bytes)}, store: "
                  f"{format_size(self.store_bytes)} ({self.ratio:.2f}x), {self.seconds:.1f} s"]
         for name, a in self.arrays.items():
-            how = ("time array at %g/s%s" % (a.rate, " (inferred)" if a.inferred else "")
-                   if a.rate else "stored whole (no time axis)")
+            if a.rate:
+                how = f"time array at {a.rate:g}/s" + (
+                    f" (inferred): {a.note}" if a.inferred and a.note else
+                    " (inferred)" if a.inferred else "")
+            else:
+                how = a.note or "stored whole (no time axis)"
             lines.append(f"  {name}: {how}")
         lines += [f"  skipped {s}" for s in self.skipped]
         lines += [f"already in the store, nothing added from it: {s}"
@@ -144,25 +149,6 @@ class ConvertReport:
         if self.verified:
             lines.append("verified: every array equals the source")
         return "\n".join(lines)
-
-
-def _json_attr(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, np.ndarray):
-        return [_json_attr(v) for v in value.tolist()] if value.dtype.kind in "SOU" \
-            else value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (list, tuple)):
-        return [_json_attr(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-
-
-def _attrs(obj: Any) -> dict[str, Any]:
-    if not h5py.h5a.get_num_attrs(obj.id):  # most have none: skip building the view
-        return {}
-    return {k: _json_attr(v) for k, v in obj.attrs.items()}
 
 
 @dataclass(frozen=True)
@@ -215,7 +201,8 @@ def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
             axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
             objects[prefix + "zarr.json"] = dumps(array_meta(
-                shape, dtype, chunks, shards, job.codec, _attrs(ds)))
+                shape, dtype, chunks, shards, job.codec, hdf5_attrs(ds),
+                job.arrays[name].dims))
             for key, blob in encode_array(data, chunks, shards, job.codec,
                                           -1 if axis is None else axis).items():
                 objects[prefix + key] = blob
@@ -226,7 +213,7 @@ def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
                 root = zarr.open_group(zarr_store(job.dst, job.storage_options,
                                                   read_only=False), mode="r+")
             _write_by_zarr(job, root, src_group, item, by_zarr)
-        mark = group_meta({**_attrs(src_group), DONE_ATTR: job.mark(item.source)})
+        mark = group_meta({**hdf5_attrs(src_group), DONE_ATTR: job.mark(item.source)})
         writer.put({f"{item.name}/zarr.json": mark})
         out.append(store_bytes(f"{job.dst.rstrip('/')}/{item.name}", job.storage_options)
                    if by_zarr else len(mark) + sum(len(v) for v in objects.values()))
@@ -265,7 +252,8 @@ def _write_by_zarr(job: _Job, root: zarr.Group, src_group: Any, item: SourceItem
         arr = group.create_array(
             name, shape=ds.shape, dtype=ds.dtype, chunks=chunks, shards=shards,
             compressors=compressors(job.codec), fill_value=0, overwrite=True,
-            attributes=_attrs(ds), config={"write_empty_chunks": True})
+            attributes=hdf5_attrs(ds), config={"write_empty_chunks": True},
+            dimension_names=job.arrays[name].dims)
         if data.size:
             arr[...] = data
 
@@ -356,7 +344,7 @@ def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
 
 def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
             dst: str | os.PathLike[str], *,
-            rates: dict[str, float] | None = None, time_axis: int | dict[str, int] = -1,
+            rates: dict[str, float | None] | None = None, time_axis: int | dict[str, int] = -1,
             chunk_seconds: float = 1.0, codec: str = "lz4", workers: int | None = None,
             storage_options: dict[str, Any] | None = None, verify: bool = False,
             progress: bool = True, overwrite: bool = False,
@@ -368,9 +356,11 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
             pattern, an fsspec URL, or a list of them; every group that holds datasets
             becomes an item (named ``<file stem>/<group>`` with several files).
         dst: local path or fsspec URL (``s3://bucket/x.zarr``).
-        rates: samples per second per array name, e.g. ``{"wav": 16000, "act": 100}``.
-            Arrays with a consistent integer length ratio to a rated array get the
-            implied rate; the rest are stored whole.
+        rates: samples per second per array name, e.g. ``{"wav": 16000, "act": 100}``;
+            ``None`` stores that array whole (no time axis).  Other arrays get a rate
+            only when their length has the same whole-number ratio to a rated array's
+            in items of at least two lengths; the rest are stored whole (the report
+            says which, and the ``--rate`` to give).
         time_axis: the time axis of the time arrays (default: last), or
             ``{"wav": 0}`` for arrays stored time-first (the others: last).
         chunk_seconds: chunk duration along time.
@@ -392,7 +382,7 @@ def convert(src: str | os.PathLike[str] | list[str | os.PathLike[str]],
     src = files[0] if len(files) == 1 else f"{len(files)} sources"
     compressors(codec)
     check_options(chunk_seconds, workers)
-    options = {"rates": {k: float(v) for k, v in (rates or {}).items()},
+    options = {"rates": {k: None if v is None else float(v) for k, v in (rates or {}).items()},
                "time_axis": time_axis, "chunk_seconds": chunk_seconds, "codec": codec,
                "layout": LAYOUT}
     wanted = workers or os.cpu_count() or 1
@@ -509,7 +499,8 @@ def _manifest(source: SourcePlan, codec: str, chunk_seconds: float,
                  names=[it.name for it in source.items], shapes=shapes, present=present,
                  codec=codec, chunk_seconds=chunk_seconds,
                  extra={"fingerprint": fingerprint, "store_bytes": nbytes,
-                        "sources": [s["source"] for s in fingerprint["sources"]]})
+                        "sources": [s["source"] for s in fingerprint["sources"]],
+                        **({"skipped": list(source.skipped)} if source.skipped else {})})
 
 
 def with_dtypes(source: SourcePlan) -> dict[str, ArrayInfo]:

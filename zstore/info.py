@@ -17,7 +17,8 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
     arrays = {}
     for name, a in manifest.arrays.items():
         entry: dict[str, Any] = {"rate": a.rate, "time_axis": a.time_axis,
-                                 "inferred": a.inferred}
+                                 "inferred": a.inferred, "note": a.note,
+                                 "dimension_names": list(a.dims) if a.dims else None}
         have = manifest.items_with(name)
         entry["items_with"] = len(manifest.items) if have is None else len(have)
         first = manifest.first_index(name)
@@ -53,5 +54,14 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             f", in {a['items_with']} of {len(manifest.items)} items"
         lines.append(f"  {name}: {rate}, {a.get('dtype', '?')}, first item {shape}, "
                      f"chunk {a.get('chunk')}, shard {a.get('shard_length')} along time{where}")
+        if a["note"] and (a["inferred"] or not a["rate"]):
+            lines.append(f"    {a['note']}")
+    skipped = list(manifest.extra.get("skipped", []))
+    info["skipped"] = skipped
+    if skipped:
+        lines.append(f"left out of the sources ({len(skipped)}):")
+        lines += [f"  {s}" for s in skipped[:10]]
+        if len(skipped) > 10:
+            lines.append(f"  ... and {len(skipped) - 10} more (zstore info --json)")
     info["text"] = "\n".join(lines)
     return info

@@ -38,6 +38,20 @@ class ArrayInfo:
     time_axis: int | None
     inferred: bool = False
     dtype: str | None = None  # format 2: every item's dtype of this array
+    #: why the converter stored it whole, or the evidence of an inferred rate
+    note: str | None = None
+    #: Zarr ``dimension_names`` of every item's array (None: written without them)
+    dims: tuple[str, ...] | None = None
+
+
+def _array_header(a: ArrayInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {"rate": a.rate, "time_axis": a.time_axis, "inferred": a.inferred,
+                           "dtype": a.dtype}
+    if a.note:
+        out["note"] = a.note
+    if a.dims:
+        out["dims"] = list(a.dims)
+    return out
 
 
 def time_lengths(arrays: dict[str, ArrayInfo], shapes: dict[str, np.ndarray]
@@ -100,8 +114,7 @@ class Manifest:
         return {
             "format": FORMAT_VERSION,
             "store_id": self.store_id,
-            "arrays": {n: {"rate": a.rate, "time_axis": a.time_axis, "inferred": a.inferred,
-                           "dtype": a.dtype} for n, a in self.arrays.items()},
+            "arrays": {n: _array_header(a) for n, a in self.arrays.items()},
             "items": len(self.items),
             "table": self.table,
             "codec": self.codec,
@@ -155,7 +168,9 @@ class Manifest:
         return dict(
             store_id=str(data["store_id"]),
             arrays={n: ArrayInfo(a["rate"], a["time_axis"], bool(a.get("inferred", False)),
-                                 a.get("dtype")) for n, a in data["arrays"].items()},
+                                 a.get("dtype"), a.get("note"),
+                                 tuple(map(str, a["dims"])) if a.get("dims") else None)
+                    for n, a in data["arrays"].items()},
             codec=data.get("codec", "?"),
             chunk_seconds=float(data.get("chunk_seconds", 1.0)),
             all_chunks_written=bool(data.get("all_chunks_written", False)))

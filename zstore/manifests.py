@@ -52,7 +52,7 @@ class ArrayMetas:
             return None  # written through zarr, or absent: read its zarr.json
         chunks, shards = geometry(shape, info.rate, info.time_axis, m.chunk_seconds,
                                   dtype.itemsize)
-        return array_meta(shape, dtype, chunks, shards, m.codec)
+        return array_meta(shape, dtype, chunks, shards, m.codec, dims=info.dims)
 
     def get(self, path: str) -> dict[str, Any] | None:
         item, _, name = path.rpartition("/")
@@ -353,8 +353,9 @@ def current_shapes(manifest: Manifest, metas: ArrayMetas
             if handles(manifest.codec, dtype, shape):
                 chunks, shards = geometry(shape, info.rate, info.time_axis,
                                           manifest.chunk_seconds, dtype.itemsize)
+                dims = meta.get("dimension_names")
                 mine = array_meta(shape, dtype, chunks, shards, manifest.codec,
-                                  meta.get("attributes"))
+                                  meta.get("attributes"), tuple(dims) if dims else None)
                 if mine != meta:
                     raise StoreFormatError(
                         f"{metas.manifest.items[i]}/{name}: written by an older zstore with "
@@ -377,6 +378,9 @@ def upgrade(url: str, storage_options: dict[str, Any] | None = None) -> Manifest
         meta = metas.consolidated.get(f"{first}/{name}") if first is not None else None
         if meta is not None and arrays[name].dtype is None:
             arrays[name] = dataclasses.replace(arrays[name], dtype=str(meta["data_type"]))
+        if meta is not None and meta.get("dimension_names") and arrays[name].dims is None:
+            arrays[name] = dataclasses.replace(
+                arrays[name], dims=tuple(map(str, meta["dimension_names"])))
     new, table = build(store_id=manifest.store_id, arrays=arrays, names=list(manifest.items),
                        shapes=shapes, present=present, codec=manifest.codec,
                        chunk_seconds=manifest.chunk_seconds, extra=dict(manifest.extra))

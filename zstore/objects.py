@@ -53,8 +53,10 @@ def _inner_codecs(codec: str, itemsize: int) -> list[dict[str, Any]]:
 
 def array_meta(shape: tuple[int, ...], dtype: np.dtype, chunks: tuple[int, ...],
                shards: tuple[int, ...] | None, codec: str,
-               attributes: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``zarr.json`` document zarr-python writes for such an array."""
+               attributes: dict[str, Any] | None = None,
+               dims: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The ``zarr.json`` document zarr-python writes for such an array (with
+    ``dimension_names`` when ``dims`` names its axes)."""
     inner = _inner_codecs(codec, dtype.itemsize)
     if shards is not None:
         codecs: list[dict[str, Any]] = [{"name": "sharding_indexed", "configuration": {
@@ -64,12 +66,15 @@ def array_meta(shape: tuple[int, ...], dtype: np.dtype, chunks: tuple[int, ...],
     else:
         codecs = inner
     fill: Any = False if dtype.kind == "b" else (0.0 if dtype.kind == "f" else 0)
-    return {"shape": list(shape), "data_type": data_type(dtype),
+    meta = {"shape": list(shape), "data_type": data_type(dtype),
             "chunk_grid": {"name": "regular",
                            "configuration": {"chunk_shape": list(shards or chunks)}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
             "fill_value": fill, "codecs": codecs, "attributes": attributes or {},
             "zarr_format": 3, "node_type": "array", "storage_transformers": []}
+    if dims is not None and len(dims) == len(shape):
+        meta["dimension_names"] = list(dims)
+    return meta
 
 
 def group_meta(attributes: dict[str, Any]) -> bytes:
@@ -77,9 +82,10 @@ def group_meta(attributes: dict[str, Any]) -> bytes:
 
 
 def dumps(doc: dict[str, Any]) -> bytes:
-    """Metadata JSON, compact: zarr-python indents it, but an indent takes json's pure
-    Python encoder, a third of the converter's time on small items."""
-    return json.dumps(doc, allow_nan=True, separators=(",", ":")).encode()
+    """Metadata JSON, compact (zarr-python indents it, but an indent takes json's pure
+    Python encoder, a third of the converter's time on small items) and strict: a bare
+    NaN is not JSON, and other Zarr readers refuse it (see :mod:`zstore.attrs`)."""
+    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
 
 
 class _ChunkEncoder:

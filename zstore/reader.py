@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from zstore.attrs import decode_attrs
 from zstore.cache.choice import FormatChoice
 from zstore.cache.choice import choose as choose_format
 from zstore.cache.choice import record as record_format
@@ -171,7 +172,7 @@ class WindowReader:
             except FileNotFoundError:
                 raise StoreFormatError(f"{self.url}/{key} is missing; restore it or "
                                        "reconvert the store") from None
-        return dict(meta.get("attributes", {}))
+        return decode_attrs(dict(meta.get("attributes", {})))
 
     def read(self, item: str, spans: dict[str, Span | None],
              position: int | None = None) -> dict[str, np.ndarray]:

@@ -38,10 +38,19 @@ except ImportError:  # pragma: no cover - exercised where lightning is installed
 class ZstoreDataModule(_Base):  # type: ignore[misc,valid-type]
     """Train/validation windows from one or two zstore stores."""
 
-    def __init__(self, train: str, val: str | None = None, *, window_seconds: float = 10.0,
-                 batch_size: int = 16, num_workers: int = 4, seed: int = 0,
-                 cache: zstore.CacheConfig | None = None, loader: str = "zstore",
-                 **dataset_kwargs: Any):
+    def __init__(
+        self,
+        train: str,
+        val: str | None = None,
+        *,
+        window_seconds: float = 10.0,
+        batch_size: int = 16,
+        num_workers: int = 4,
+        seed: int = 0,
+        cache: zstore.CacheConfig | None = None,
+        loader: str = "zstore",
+        **dataset_kwargs: Any,
+    ):
         super().__init__()
         self.train_url, self.val_url = train, val
         self.window_seconds, self.seed, self.cache = window_seconds, seed, cache
@@ -54,8 +63,12 @@ class ZstoreDataModule(_Base):  # type: ignore[misc,valid-type]
 
     def setup(self, stage: str | None = None) -> None:
         make = lambda url: zstore.WindowDataset(  # noqa: E731
-            url, window_seconds=self.window_seconds, seed=self.seed, cache=self.cache,
-            **self.dataset_kwargs)
+            url,
+            window_seconds=self.window_seconds,
+            seed=self.seed,
+            cache=self.cache,
+            **self.dataset_kwargs,
+        )
         self.train_set = make(self.train_url)
         self.val_set = make(self.val_url) if self.val_url else None
 
@@ -75,17 +88,27 @@ class ZstoreDataModule(_Base):  # type: ignore[misc,valid-type]
             if dist.is_available() and dist.is_initialized():
                 from torch.utils.data.distributed import DistributedSampler
 
-                sampler = DistributedSampler(self.train_set, shuffle=True, seed=self.seed,
-                                             drop_last=True)
+                sampler = DistributedSampler(
+                    self.train_set, shuffle=True, seed=self.seed, drop_last=True
+                )
             self._train_loader = zstore.WindowLoader(
-                self.train_set, self.batch_size, sampler=sampler, shuffle=sampler is None,
-                drop_last=True, seed=self.seed)
+                self.train_set,
+                self.batch_size,
+                sampler=sampler,
+                shuffle=sampler is None,
+                drop_last=True,
+                seed=self.seed,
+            )
             return self._train_loader
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
-                          num_workers=self.num_workers, drop_last=True)
+        return DataLoader(
+            self.train_set,
+            batch_size=self.batch_size,
+            shuffle=True,
+            num_workers=self.num_workers,
+            drop_last=True,
+        )
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_set is None:
             return []
-        return DataLoader(self.val_set, batch_size=self.batch_size,
-                          num_workers=self.num_workers)
+        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)

@@ -46,14 +46,26 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
-    p.add_argument("--sampler", choices=["node", "distributed"], default="node",
-                   help="zstore.NodeSampler (each item stays on one node; default) or "
-                        "torch's DistributedSampler")
-    p.add_argument("--local-world-size", type=int, default=None,
-                   help="ranks per node (default: torchrun's LOCAL_WORLD_SIZE)")
-    p.add_argument("--loader", choices=["zstore", "torch"], default="zstore",
-                   help="zstore.WindowLoader (batches read in-process, default) or torch's "
-                        "DataLoader with --workers worker processes")
+    p.add_argument(
+        "--sampler",
+        choices=["node", "distributed"],
+        default="node",
+        help="zstore.NodeSampler (each item stays on one node; default) or "
+        "torch's DistributedSampler",
+    )
+    p.add_argument(
+        "--local-world-size",
+        type=int,
+        default=None,
+        help="ranks per node (default: torchrun's LOCAL_WORLD_SIZE)",
+    )
+    p.add_argument(
+        "--loader",
+        choices=["zstore", "torch"],
+        default="zstore",
+        help="zstore.WindowLoader (batches read in-process, default) or torch's "
+        "DataLoader with --workers worker processes",
+    )
     p.add_argument("--window", type=float, default=10.0, help="window seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record", help="directory: each rank writes the windows it read (tests)")
@@ -69,8 +81,9 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(device)
 
-    ds = zstore.WindowDataset(args.store, window_seconds=args.window, seed=args.seed,
-                              fields=["wav", "act"], short="pad")  # cache: ZSTORE_* env
+    ds = zstore.WindowDataset(
+        args.store, window_seconds=args.window, seed=args.seed, fields=["wav", "act"], short="pad"
+    )  # cache: ZSTORE_* env
     if args.sampler == "node":  # its indices carry the epoch: no ds.set_epoch needed
         sampler = zstore.NodeSampler(ds, seed=args.seed, local_world_size=args.local_world_size)
     else:
@@ -78,8 +91,13 @@ def main() -> None:
     if args.loader == "zstore":  # no window crosses a process boundary
         loader = zstore.WindowLoader(ds, args.batch_size, sampler=sampler, pin_memory=cuda)
     else:
-        loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler,
-                            num_workers=args.workers, pin_memory=cuda)
+        loader = DataLoader(
+            ds,
+            batch_size=args.batch_size,
+            sampler=sampler,
+            num_workers=args.workers,
+            pin_memory=cuda,
+        )
     first = ds[0]
     rate = first["wav"].shape[-1] // first["act"].shape[-1]
     model = TinyVAD(first["wav"].shape[0], first["act"].shape[0], rate).to(device)
@@ -102,14 +120,23 @@ def main() -> None:
             loss_sum += loss.item() * wav.shape[0]
             if args.record:
                 for j, item in enumerate(batch["item"]):
-                    seen.append({"epoch": epoch, "item": item, "start": float(batch["start"][j]),
-                                 "wav_crc": zlib.crc32(batch["wav"][j].numpy().tobytes())})
+                    seen.append(
+                        {
+                            "epoch": epoch,
+                            "item": item,
+                            "start": float(batch["start"][j]),
+                            "wav_crc": zlib.crc32(batch["wav"][j].numpy().tobytes()),
+                        }
+                    )
         totals = torch.tensor([windows, loss_sum, time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(totals[:2])
         if rank == 0:
             n, loss_total, seconds = totals.tolist()
-            print(f"epoch {epoch}: {int(n)} windows on {world} ranks in {seconds:.2f} s "
-                  f"({n / seconds:.0f} windows/s), loss {loss_total / max(n, 1):.4f}", flush=True)
+            print(
+                f"epoch {epoch}: {int(n)} windows on {world} ranks in {seconds:.2f} s "
+                f"({n / seconds:.0f} windows/s), loss {loss_total / max(n, 1):.4f}",
+                flush=True,
+            )
     if args.record:
         os.makedirs(args.record, exist_ok=True)
         with open(os.path.join(args.record, f"rank{rank}.json"), "w") as f:
@@ -117,8 +144,11 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         stats = zstore.cache_stats()
-        print(f"cache: RAM hit rate {stats['ram']['hit_rate']:.1%}, origin "
-              f"{stats['origin']['requests']} requests", flush=True)
+        print(
+            f"cache: RAM hit rate {stats['ram']['hit_rate']:.1%}, origin "
+            f"{stats['origin']['requests']} requests",
+            flush=True,
+        )
     # Tear down in a fixed order while every rank is still alive: DDP holds the process
     # group, so drop it first; then destroy_process_group really ends the group's threads
     # here rather than during interpreter exit, racing peers that already left.

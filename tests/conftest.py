@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -36,21 +37,32 @@ def small_store(small_h5: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def cache(tmp_path: Path) -> zstore.CacheConfig:
-    return zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="256MB",
-                              ssd_dir=tmp_path / "ssd", ssd_bytes="256MB")
+    return zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="256MB", ssd_dir=tmp_path / "ssd", ssd_bytes="256MB"
+    )
 
 
 @pytest.fixture(autouse=True)
 def _no_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Tests never touch the user's real cache directories.
-    for var in ("ZSTORE_RAM_BYTES", "ZSTORE_RAM_DIR", "ZSTORE_RAM_FORMAT", "ZSTORE_SSD_BYTES",
-                "ZSTORE_SSD_DIR", "ZSTORE_FETCH", "ZSTORE_MAX_REQUESTS"):
+    for var in (
+        "ZSTORE_RAM_BYTES",
+        "ZSTORE_RAM_DIR",
+        "ZSTORE_RAM_FORMAT",
+        "ZSTORE_SSD_BYTES",
+        "ZSTORE_SSD_DIR",
+        "ZSTORE_FETCH",
+        "ZSTORE_MAX_REQUESTS",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
-def write_h5(path: Path | str, items: dict[str, dict[str, np.ndarray]],
-             attrs: dict[str, dict[str, object]] | None = None) -> str:
+def write_h5(
+    path: Path | str,
+    items: dict[str, dict[str, np.ndarray]],
+    attrs: dict[str, dict[str, object]] | None = None,
+) -> str:
     """Write ``{group: {dataset: array}}`` to an HDF5 file."""
     with h5py.File(path, "w") as f:
         for group, arrays in items.items():
@@ -138,21 +150,27 @@ def s3():
     counter = CountingApp(server._server.app)
     server._server.app = counter
     host, port = server.get_host_and_port()
-    options = {"key": "testing", "secret": "testing",
-               "client_kwargs": {"endpoint_url": f"http://{host}:{port}",
-                                 "region_name": "us-east-1"}}
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"},
+    }
     import boto3
 
-    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
-                 aws_access_key_id="testing", aws_secret_access_key="testing"
-                 ).create_bucket(Bucket="zstore-test")
+    boto3.client(
+        "s3",
+        endpoint_url=f"http://{host}:{port}",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket="zstore-test")
     yield options, counter
     server.stop()
 
 
 def manifest_of(store):
     """The store's manifest, as readers see it."""
-    from zstore.manifests import read_manifest
+    from zstore.format.manifest import read_manifest
 
     return read_manifest(str(store), None)[0]
 
@@ -162,7 +180,59 @@ def edit_header(store, edit) -> None:
     writing the store would."""
     import zarr
 
-    from zstore.layout import MANIFEST_ATTR
+    from zstore.format.layout import MANIFEST_ATTR
 
     root = zarr.open_group(str(store), mode="r+", use_consolidated=False)
     root.attrs[MANIFEST_ATTR] = edit(dict(root.attrs[MANIFEST_ATTR]))
+
+
+# -- helpers the tests share --------------------------------------------------------
+
+
+def zstore_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "zstore.cli", *args],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def cli(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "zstore.cli", *args],
+        env=env or subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kw,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    for word in words:
+        assert word in proc.stderr, (word, proc.stderr)
+
+
+def corpus_files(tmp_path):
+    """Three HDF5 files under tmp_path/corpus (two with the same group name, one nested)."""
+    rng = np.random.default_rng(1)
+
+    def make(n):
+        return {
+            "wav": rng.standard_normal((1, n * 160)).astype(np.float32),
+            "act": (rng.random((2, n)) > 0.5).astype(np.float32),
+        }
+
+    (tmp_path / "corpus" / "day2").mkdir(parents=True)
+    a = {"rec0": make(300), "rec1": make(400)}
+    b = {"rec0": make(350)}  # the same group name as in a.h5
+    c = {"spk/rec9": make(500)}
+    write_h5(tmp_path / "corpus" / "a.h5", a)
+    write_h5(tmp_path / "corpus" / "b.hdf5", b)
+    write_h5(tmp_path / "corpus" / "day2" / "c.h5", c)
+    return {"a": a, "b": b, "c": c}

@@ -30,8 +30,7 @@ def test_an_items_callable_that_raises_is_named(small_store):
 
 
 @pytest.mark.parametrize("how", ["cp -p", "rsync -a"])
-def test_a_local_file_rewritten_with_its_size_and_mtime_kept_is_not_served_stale(tmp_path,
-                                                                                   how):
+def test_a_local_file_rewritten_with_its_size_and_mtime_kept_is_not_served_stale(tmp_path, how):
     import fsspec
 
     path = tmp_path / "corpus.bin"
@@ -59,7 +58,7 @@ def test_a_local_file_rewritten_with_its_size_and_mtime_kept_is_not_served_stale
         assert f.read() == b"b" * 300_000
 
 
-TRUNCATE = '''
+TRUNCATE = """
 import glob, os, sys
 import numpy as np
 import zstore
@@ -75,7 +74,7 @@ with open(table, "r+b") as f:  # an interrupted cp over the store: cut short in 
 after = [(ds[i]["wav"].numpy(), int(ds[i]["length"])) for i in range(len(ds))]
 assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] > 0 for a, b in zip(before, after))
 print("same windows", len(after))
-'''
+"""
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.0])
@@ -88,8 +87,13 @@ def test_the_item_table_truncated_under_a_running_job(small_store, tmp_path, cut
     script = tmp_path / "job.py"
     script.write_text(TRUNCATE)
     ram = str(tmp_path / "ram") if tier == "ram" else "-"
-    proc = subprocess.run([PYTHON, str(script), str(store), ram, str(cut)],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [PYTHON, str(script), str(store), ram, str(cut)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])  # -7: SIGBUS
     assert "same windows 6" in proc.stdout
     with pytest.raises(zstore.StoreFormatError, match="item table"):  # a new job refuses
@@ -107,33 +111,47 @@ def _flip(path, at: int = 100) -> None:
 def test_a_damaged_node_copy_of_the_item_table_is_made_anew(s3, small_h5, tmp_path):
     options, _ = s3
     url = "s3://zstore-test/table-copy.zarr"
-    zstore.convert(small_h5, url, rates={"wav": 16000, "act": 100}, storage_options=options,
-                   workers=1, progress=False)
+    zstore.convert(
+        small_h5,
+        url,
+        rates={"wav": 16000, "act": 100},
+        storage_options=options,
+        workers=1,
+        progress=False,
+    )
     cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
-    expected = [zstore.WindowDataset(url, window_seconds=1.0, cache=False,
-                                     storage_options=options)[i]["wav"] for i in range(6)]
+    expected = [
+        zstore.WindowDataset(url, window_seconds=1.0, cache=False, storage_options=options)[i][
+            "wav"
+        ]
+        for i in range(6)
+    ]
     zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
-    copy, = (tmp_path / "ram").rglob("tables/*zstore_items_*")
+    (copy,) = (tmp_path / "ram").rglob("tables/*zstore_items_*")
     _flip(copy)
     ds = zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
     assert all(ds[i]["wav"].equal(expected[i]) for i in range(6))
-    again, = (tmp_path / "ram").rglob("tables/*zstore_items_*")
-    from zstore.table import MAGIC  # the copy was replaced by a good one
+    (again,) = (tmp_path / "ram").rglob("tables/*zstore_items_*")
+    from zstore.format.table import MAGIC  # the copy was replaced by a good one
 
     assert again.read_bytes().startswith(MAGIC)
     zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
 
 
-def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small_store,
-                                                                           tmp_path):
+def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small_store, tmp_path):
     import sys
 
     if sys.platform != "linux" or os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs")
     ram = tmp_path / "ram"
     ram.mkdir(mode=0o700)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", str(ram)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", str(ram)],
+            capture_output=True,
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here")
     try:
         fd = os.open(ram / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
@@ -152,7 +170,7 @@ def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small
         subprocess.run(["umount", "-l", str(ram)], check=True)  # -l: maps may remain
 
 
-FILL_TMPFS = '''
+FILL_TMPFS = """
 import os, sys, warnings
 import zstore
 
@@ -173,7 +191,7 @@ for epoch in range(3):
     plain.set_epoch(epoch)
     assert all(ds[i]["wav"].equal(plain[i]["wav"]) for i in range(len(ds)))
 print("read", 3 * len(ds))
-'''
+"""
 
 
 def _small_tmpfs(path, size: str) -> None:
@@ -182,8 +200,13 @@ def _small_tmpfs(path, size: str) -> None:
     if sys.platform != "linux" or os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs")
     path.mkdir(mode=0o700)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
-                       str(path)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+            capture_output=True,
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here")
 
 
@@ -195,9 +218,13 @@ def test_a_tmpfs_filled_under_a_running_reader_is_no_sigbus(small_store, tmp_pat
     try:
         script = tmp_path / "job.py"
         script.write_text(FILL_TMPFS)
-        proc = subprocess.run([PYTHON, str(script), small_store, str(ram)],
-                              env=subprocess_env(), capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(
+            [PYTHON, str(script), small_store, str(ram)],
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])  # -7: SIGBUS
         assert "read 720" in proc.stdout
     finally:
@@ -206,7 +233,8 @@ def test_a_tmpfs_filled_under_a_running_reader_is_no_sigbus(small_store, tmp_pat
 
 def _largest_value(directory) -> "os.PathLike":
     files = [p for p in directory.rglob("*.val")] or [
-        p for p in directory.rglob("*") if p.is_file() and p.suffix not in (".db", ".bin")]
+        p for p in directory.rglob("*") if p.is_file() and p.suffix not in (".db", ".bin")
+    ]
     return max(files, key=lambda p: p.stat().st_size)
 
 
@@ -217,12 +245,14 @@ def _whole_items(store, cache):
 
 @pytest.mark.parametrize("form", ["decoded", "encoded"])
 def test_a_damaged_ram_shard_found_by_one_reader_is_dropped_for_every_reader(
-        small_store, tmp_path, form):
+    small_store, tmp_path, form
+):
     """Readers that checked a shard's blocks before it was damaged keep no stale map
     once any reader finds the damage (the drop is in the eviction log), and a damaged
     encoded shard is dropped and its chunk read from the origin, not an error."""
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="256MB", ssd_dir=None,
-                             ram_format=form)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="256MB", ssd_dir=None, ram_format=form
+    )
     expected = _whole_items(small_store, False)
     first = zstore.WindowDataset(small_store, window_seconds=None, cache=cfg)
     for _ in range(2):  # built, then mapped and its blocks checked by this reader

@@ -13,10 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from conftest import (
+    PYTHON,
+    RATES,
+    assert_one_line_error,
+    cli,
+    edit_header,
+    kill_when,
+    subprocess_env,
+    write_h5,
+)
 
 import zstore
-
-from conftest import PYTHON, RATES, edit_header, kill_when, subprocess_env, write_h5
 
 MODES = {
     "no-cache": False,
@@ -30,22 +38,10 @@ MODES = {
 def cache_for(tmp_path: Path, mode: str) -> zstore.CacheConfig | bool:
     if MODES[mode] is False:
         return False
-    base = dict(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd",
-                ssd_bytes="64MB")
+    base = dict(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd", ssd_bytes="64MB"
+    )
     return zstore.CacheConfig(**{**base, **MODES[mode]})
-
-
-def cli(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "zstore.cli", *args], env=env or subprocess_env(),
-                          capture_output=True, text=True, timeout=600, **kw)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().count("\n") == 0, proc.stderr
-    for word in words:
-        assert word in proc.stderr, (word, proc.stderr)
 
 
 @pytest.fixture
@@ -91,9 +87,20 @@ def test_lost_objects_raise_through_the_zarr_api(store_copy, tmp_path, cached):
 def test_warm_refuses_to_cache_a_lost_object(store_copy, tmp_path):
     shutil.rmtree(store_copy / "utt000004")
     cache = cache_for(tmp_path, "decoded-ram")
-    proc = cli("cache", "warm", str(store_copy), "--no-progress", "--ram-dir",
-               str(tmp_path / "ram"), "--ram-bytes", "64MB", "--ssd-dir", str(tmp_path / "ssd"),
-               "--ssd-bytes", "64MB")
+    proc = cli(
+        "cache",
+        "warm",
+        str(store_copy),
+        "--no-progress",
+        "--ram-dir",
+        str(tmp_path / "ram"),
+        "--ram-bytes",
+        "64MB",
+        "--ssd-dir",
+        str(tmp_path / "ssd"),
+        "--ssd-bytes",
+        "64MB",
+    )
     assert_one_line_error(proc, "utt000004", "missing")
     ds = zstore.WindowDataset(store_copy, window_seconds=1.0, cache=cache)
     with pytest.raises(zstore.MissingDataError):
@@ -131,10 +138,14 @@ def uneven_store(tmp_path_factory) -> tuple[Path, dict[str, dict[str, np.ndarray
     second item where act has one frame more than wav covers."""
     rng = np.random.default_rng(7)
     items = {
-        "ceil": {"wav": rng.standard_normal((2, 79900)).astype(np.float32) + 3,
-                 "act": np.ones((3, 500), np.float32)},
-        "extra": {"wav": rng.standard_normal((2, 80000)).astype(np.float32) + 3,
-                  "act": np.ones((3, 501), np.float32)},
+        "ceil": {
+            "wav": rng.standard_normal((2, 79900)).astype(np.float32) + 3,
+            "act": np.ones((3, 500), np.float32),
+        },
+        "extra": {
+            "wav": rng.standard_normal((2, 80000)).astype(np.float32) + 3,
+            "act": np.ones((3, 501), np.float32),
+        },
     }
     tmp = tmp_path_factory.mktemp("uneven")
     src = write_h5(tmp / "u.h5", items)
@@ -157,10 +168,11 @@ def test_windows_never_reach_past_an_array(uneven_store, tmp_path, mode):
             name = out["item"]
             start = round(out["start"] * 100)
             assert start + out["length"] <= lengths[name]
-            wav = items[name]["wav"][:, start * 160:(start + out["length"]) * 160]
+            wav = items[name]["wav"][:, start * 160 : (start + out["length"]) * 160]
             assert np.array_equal(out["wav"].numpy(), wav)
-            assert np.array_equal(out["act"].numpy(),
-                                  items[name]["act"][:, start:start + out["length"]])
+            assert np.array_equal(
+                out["act"].numpy(), items[name]["act"][:, start : start + out["length"]]
+            )
             seen_end.add((name, start + out["length"] == lengths[name]))
     assert ("ceil", True) in seen_end and ("extra", True) in seen_end
 
@@ -174,9 +186,10 @@ def test_padding_past_the_common_end_is_zeros_and_not_counted(uneven_store, tmp_
         real = out["length"]
         assert real == {"ceil": 499, "extra": 500}[out["item"]]
         assert out["wav"].shape[-1] == 501 * 160 and out["act"].shape[-1] == 501
-        assert np.array_equal(out["wav"][:, :real * 160].numpy(),
-                              items[out["item"]]["wav"][:, :real * 160])
-        assert out["wav"][:, real * 160:].abs().max() == 0
+        assert np.array_equal(
+            out["wav"][:, : real * 160].numpy(), items[out["item"]]["wav"][:, : real * 160]
+        )
+        assert out["wav"][:, real * 160 :].abs().max() == 0
         assert out["act"][:, real:].abs().max() == 0
 
 
@@ -184,7 +197,7 @@ def test_reader_refuses_spans_past_the_end(uneven_store):
     dst, _ = uneven_store
     reader = zstore.WindowReader(str(dst), cache=None)
     with pytest.raises(ValueError, match="ceil/wav.*outside"):
-        reader.read("ceil", {"wav": zstore.layout.Span(79000, 80000)})
+        reader.read("ceil", {"wav": zstore.format.layout.Span(79000, 80000)})
 
 
 # -- 3. the converter: orphans and inference ---------------------------------------------
@@ -196,13 +209,28 @@ def test_killed_converter_takes_its_workers_with_it(tmp_path):
     from zstore.synthetic import SyntheticSpec, make_synthetic
 
     src = tmp_path / "big.h5"
-    make_synthetic(src, SyntheticSpec(items=16, mics=4, speakers=2, min_seconds=20,
-                                      max_seconds=30, seed=5))
+    make_synthetic(
+        src, SyntheticSpec(items=16, mics=4, speakers=2, min_seconds=20, max_seconds=30, seed=5)
+    )
     dst = tmp_path / "s.zarr"
-    proc = subprocess.Popen([PYTHON, "-m", "zstore.cli", "convert", str(src), str(dst),
-                             "--rate", "wav=16000", "--workers", "2", "--no-progress"],
-                            env=subprocess_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "zstore.cli",
+            "convert",
+            str(src),
+            str(dst),
+            "--rate",
+            "wav=16000",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     parent = psutil.Process(proc.pid)
     workers: list = []
 
@@ -227,11 +255,17 @@ def test_killed_converter_takes_its_workers_with_it(tmp_path):
 
 def test_zero_length_items_do_not_stop_rate_inference(tmp_path):
     rng = np.random.default_rng(0)
-    items = {f"u{i}": {"wav": rng.standard_normal((1, n * 160)).astype(np.float32),
-                       "act": np.ones((2, n), np.float32)} for i, n in enumerate([300, 0, 450])}
+    items = {
+        f"u{i}": {
+            "wav": rng.standard_normal((1, n * 160)).astype(np.float32),
+            "act": np.ones((2, n), np.float32),
+        }
+        for i, n in enumerate([300, 0, 450])
+    }
     src = write_h5(tmp_path / "z.h5", items)
-    report = zstore.convert(src, tmp_path / "z.zarr", rates={"wav": 16000}, workers=1,
-                            progress=False)
+    report = zstore.convert(
+        src, tmp_path / "z.zarr", rates={"wav": 16000}, workers=1, progress=False
+    )
     assert report.arrays["act"].rate == 100 and report.arrays["act"].inferred
     ds = zstore.WindowDataset(tmp_path / "z.zarr", window_seconds=2.0, fields=["wav", "act"])
     out = ds[ds._items.index("u2")]
@@ -241,16 +275,19 @@ def test_zero_length_items_do_not_stop_rate_inference(tmp_path):
 # -- 4. bad input: one line, exit code 2, nothing partial ---------------------------------
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--rate", "wav=nan"], ["wav=nan", "positive, finite"]),
-    (["--rate", "wav=inf"], ["wav=inf", "positive, finite"]),
-    (["--rate", "wav=0.001"], ["wav=0.001", "less than one sample"]),
-    (["--rate", "wav=16000", "--chunk-seconds", "nan"], ["--chunk-seconds", "nan"]),
-    (["--rate", "wav=16000", "--chunk-seconds", "1e-9"], ["--chunk-seconds", "overhead"]),
-    (["--rate", "wav=16000", "--workers", "0"], ["--workers 0", "at least 1"]),
-    (["--rate", "wav=16000", "--workers", "-3"], ["--workers -3"]),
-    (["--rate", "wav=16000", "--time-axis", "5"], ["--time-axis 5", "dimension"]),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--rate", "wav=nan"], ["wav=nan", "positive, finite"]),
+        (["--rate", "wav=inf"], ["wav=inf", "positive, finite"]),
+        (["--rate", "wav=0.001"], ["wav=0.001", "less than one sample"]),
+        (["--rate", "wav=16000", "--chunk-seconds", "nan"], ["--chunk-seconds", "nan"]),
+        (["--rate", "wav=16000", "--chunk-seconds", "1e-9"], ["--chunk-seconds", "overhead"]),
+        (["--rate", "wav=16000", "--workers", "0"], ["--workers 0", "at least 1"]),
+        (["--rate", "wav=16000", "--workers", "-3"], ["--workers -3"]),
+        (["--rate", "wav=16000", "--time-axis", "5"], ["--time-axis 5", "dimension"]),
+    ],
+)
 def test_bad_convert_options_leave_nothing(small_h5, tmp_path, args, words):
     dst = tmp_path / "s.zarr"
     proc = cli("convert", small_h5, str(dst), "--no-progress", *args)
@@ -261,12 +298,15 @@ def test_bad_convert_options_leave_nothing(small_h5, tmp_path, args, words):
 def test_unwritable_destinations(small_h5, tmp_path):
     afile = tmp_path / "file.txt"
     afile.write_text("x")
-    assert_one_line_error(cli("convert", small_h5, str(afile), "--rate", "wav=16000"),
-                          "is a file")
-    assert_one_line_error(cli("convert", small_h5, str(afile / "s.zarr"), "--rate",
-                              "wav=16000"), "lies under", "file.txt")
-    assert_one_line_error(cli("convert", small_h5, "/proc/zstore-test.zarr", "--rate",
-                              "wav=16000"), "/proc")
+    assert_one_line_error(cli("convert", small_h5, str(afile), "--rate", "wav=16000"), "is a file")
+    assert_one_line_error(
+        cli("convert", small_h5, str(afile / "s.zarr"), "--rate", "wav=16000"),
+        "lies under",
+        "file.txt",
+    )
+    assert_one_line_error(
+        cli("convert", small_h5, "/proc/zstore-test.zarr", "--rate", "wav=16000"), "/proc"
+    )
     assert afile.read_text() == "x"
 
 
@@ -274,8 +314,9 @@ def test_destination_without_write_permission(small_h5, tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
     if os.geteuid() == 0:  # root writes through permission bits: use a read-only mount
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs",
-                                  str(locked)], capture_output=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(locked)], capture_output=True
+        )
         if mounted.returncode != 0:
             pytest.skip("running as root without a way to mount a read-only directory")
     else:
@@ -319,13 +360,16 @@ def test_seed_and_epoch_accept_numpy_integers(small_store):
         ds.set_epoch(1.5)
 
 
-@pytest.mark.parametrize("env,value,words", [
-    ("ZSTORE_MAX_REQUESTS", "abc", ["ZSTORE_MAX_REQUESTS", "whole number"]),
-    ("ZSTORE_MAX_REQUESTS", "0", ["ZSTORE_MAX_REQUESTS", "from 1"]),
-    ("ZSTORE_RAM_BYTES", "-1", ["ZSTORE_RAM_BYTES", "negative"]),
-    ("ZSTORE_SSD_BYTES", "lots", ["ZSTORE_SSD_BYTES", "size"]),
-    ("ZSTORE_RAM_FORMAT", "zipped", ["ZSTORE_RAM_FORMAT"]),
-])
+@pytest.mark.parametrize(
+    "env,value,words",
+    [
+        ("ZSTORE_MAX_REQUESTS", "abc", ["ZSTORE_MAX_REQUESTS", "whole number"]),
+        ("ZSTORE_MAX_REQUESTS", "0", ["ZSTORE_MAX_REQUESTS", "from 1"]),
+        ("ZSTORE_RAM_BYTES", "-1", ["ZSTORE_RAM_BYTES", "negative"]),
+        ("ZSTORE_SSD_BYTES", "lots", ["ZSTORE_SSD_BYTES", "size"]),
+        ("ZSTORE_RAM_FORMAT", "zipped", ["ZSTORE_RAM_FORMAT"]),
+    ],
+)
 def test_bad_environment_names_the_variable(monkeypatch, tmp_path, env, value, words):
     monkeypatch.setenv(env, value)
     with pytest.raises(zstore.ConfigError) as err:
@@ -343,4 +387,3 @@ def test_bad_byte_counts(tmp_path, value):
 def test_bad_cache_options_from_the_cli(small_store, tmp_path):
     proc = cli("cache", "stats", "--ram-dir", str(tmp_path / "r"), "--ram-bytes", "-1")
     assert_one_line_error(proc, "ram_bytes", "negative")
-

@@ -61,7 +61,10 @@ def read_windows(url: str, cache, barrier, items: list[int], epochs: int, queue)
         ds.set_epoch(epoch)
         for i in items:
             x = ds[i]
-            out[(epoch, i)] = (x["item"], x["length"], x["wav"].numpy().tobytes(),
-                               x["act"].numpy().tobytes())
+            out[(epoch, i)] = (
+                x["item"],
+                x["length"],
+                x["wav"].numpy().tobytes(),
+                x["act"].numpy().tobytes(),
+            )
     queue.put((os.getpid(), out))
-

@@ -23,8 +23,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_contenders import (HOP, Contender, Paths, rank_worker, run_windows,  # noqa: E402
-                               window_spans, zstore_cache)
+from bench_contenders import (  # noqa: E402
+    HOP,
+    Contender,
+    Paths,
+    rank_worker,
+    run_windows,
+    window_spans,
+    zstore_cache,
+)
 from bench_report import write_report  # noqa: E402
 
 WINDOW_FRAMES = 1000  # 10 s at 100 frames/s
@@ -35,14 +42,18 @@ S3 = {"latency": 0.020, "bandwidth": 100e6}
 def prepare(work: str, size: str) -> tuple[Paths, dict[str, Any]]:
     """Generate (or reuse) the HDF5 file, the zstore store and the Arrow copy."""
     import zstore
-    from zstore.config import parse_size
-    from zstore.origin import store_bytes
-    from zstore.synthetic import SyntheticSpec, items_for_size, make_synthetic
+    from zstore.testing.synthetic import SyntheticSpec, items_for_size, make_synthetic
+    from zstore.units import parse_size
+    from zstore.urls import store_bytes
 
     work = os.path.abspath(work)
     os.makedirs(work, exist_ok=True)
-    paths = Paths(h5=os.path.join(work, "speech.h5"), store=os.path.join(work, "speech.zarr"),
-                  arrow=os.path.join(work, "speech.arrow"), work=work)
+    paths = Paths(
+        h5=os.path.join(work, "speech.h5"),
+        store=os.path.join(work, "speech.zarr"),
+        arrow=os.path.join(work, "speech.arrow"),
+        work=work,
+    )
     meta_path = os.path.join(work, "prepared.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
     if meta.get("size") != size:
@@ -50,14 +61,24 @@ def prepare(work: str, size: str) -> tuple[Paths, dict[str, Any]]:
         spec = SyntheticSpec(items=items_for_size(parse_size(size), spec))
         print(f"generating {spec.items} items (~{size}) ...", flush=True)
         make_synthetic(paths.h5, spec, progress=True)
-        report = zstore.convert(paths.h5, paths.store, rates={"wav": 16000, "act": 100},
-                                overwrite=True, workers=os.cpu_count())
+        report = zstore.convert(
+            paths.h5,
+            paths.store,
+            rates={"wav": 16000, "act": 100},
+            overwrite=True,
+            workers=os.cpu_count(),
+        )
         shutil.rmtree(paths.arrow, ignore_errors=True)
         t0 = time.perf_counter()
         arrow_from_h5(paths.h5, paths.arrow)
-        meta = {"size": size, "items": spec.items, "convert_seconds": report.seconds,
-                "source_bytes": report.source_bytes, "store_bytes": report.store_bytes,
-                "arrow_seconds": time.perf_counter() - t0}
+        meta = {
+            "size": size,
+            "items": spec.items,
+            "convert_seconds": report.seconds,
+            "source_bytes": report.source_bytes,
+            "store_bytes": report.store_bytes,
+            "arrow_seconds": time.perf_counter() - t0,
+        }
         json.dump(meta, open(meta_path, "w"))
     meta["h5_bytes"] = os.path.getsize(paths.h5)
     meta["arrow_bytes"] = store_bytes(paths.arrow)
@@ -79,18 +100,22 @@ def arrow_from_h5(h5: str, out: str) -> None:
             for name in names:
                 yield {"name": name, "wav": f[name]["wav"][()].T, "act": f[name]["act"][()].T}
 
-    features = datasets.Features({
-        "name": datasets.Value("string"),
-        "wav": datasets.Array2D(shape=(None, mics), dtype="float32"),
-        "act": datasets.Array2D(shape=(None, spk), dtype="float32")})
-    ds = datasets.Dataset.from_generator(rows, features=features,
-                                         cache_dir=os.path.join(os.path.dirname(out), "hf-cache"))
+    features = datasets.Features(
+        {
+            "name": datasets.Value("string"),
+            "wav": datasets.Array2D(shape=(None, mics), dtype="float32"),
+            "act": datasets.Array2D(shape=(None, spk), dtype="float32"),
+        }
+    )
+    ds = datasets.Dataset.from_generator(
+        rows, features=features, cache_dir=os.path.join(os.path.dirname(out), "hf-cache")
+    )
     ds.save_to_disk(out)
     shutil.rmtree(os.path.join(os.path.dirname(out), "hf-cache"), ignore_errors=True)
 
 
 def draw_windows(store: str, n: int, seed: int = 0) -> list[tuple[int, str, int]]:
-    from zstore.reader import WindowReader
+    from zstore.read import WindowReader
 
     m = WindowReader(store).open().manifest
     rng = np.random.default_rng(seed)
@@ -166,20 +191,31 @@ class WindowSet:
 def dataloader(paths: Paths, windows: list, reps: int, workers: int = 2) -> dict[str, list]:
     import torch
 
-    chosen = [c for c, _, _ in contenders(paths.work) if c.name in (
-        "h5py whole group + crop", "h5py hyperslab", "HF datasets (Arrow) + crop",
-        "zstore RAM hits (decoded)")]
+    chosen = [
+        c
+        for c, _, _ in contenders(paths.work)
+        if c.name
+        in (
+            "h5py whole group + crop",
+            "h5py hyperslab",
+            "HF datasets (Arrow) + crop",
+            "zstore RAM hits (decoded)",
+        )
+    ]
     results: dict[str, list[float]] = {c.name: [] for c in chosen}
     for rep in range(reps):
         for c in chosen:
-            loader = torch.utils.data.DataLoader(WindowSet(c, paths, windows[:400]),
-                                                 batch_size=8, num_workers=workers)
+            loader = torch.utils.data.DataLoader(
+                WindowSet(c, paths, windows[:400]), batch_size=8, num_workers=workers
+            )
             t0, n = time.perf_counter(), 0
             for batch in loader:
                 n += len(batch[0])
             results[c.name].append(n / (time.perf_counter() - t0))
-            print(f"rep {rep}: DataLoader x{workers} {c.name:28s} {results[c.name][-1]:9.1f}",
-                  flush=True)
+            print(
+                f"rep {rep}: DataLoader x{workers} {c.name:28s} {results[c.name][-1]:9.1f}",
+                flush=True,
+            )
     return results
 
 
@@ -188,17 +224,34 @@ def shared_ranks(paths: Paths, windows: list, ranks: int = 4) -> dict[str, Any]:
     import zstore
 
     ram = "/dev/shm/zstore-bench-ranks"
-    cache = {"ram_dir": ram, "ram_bytes": "1GB", "ssd_dir": os.path.join(paths.work, "ssd-ranks"),
-             "ssd_bytes": "4GB", "fetch": "range"}
+    cache = {
+        "ram_dir": ram,
+        "ram_bytes": "1GB",
+        "ssd_dir": os.path.join(paths.work, "ssd-ranks"),
+        "ssd_bytes": "4GB",
+        "fetch": "range",
+    }
     options = {"cache": cache, **NFS}
     out: dict[str, Any] = {"ram_budget": 10**9}
     for label, n in (("alone", 1), ("shared", ranks)):
         clear_tiers(options)
         ctx = mp.get_context("spawn")
         barrier, queue, release = ctx.Barrier(n), ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=rank_worker, args=(
-            paths, options, windows[r * len(windows) // n:] + windows[:r * len(windows) // n],
-            WINDOW_FRAMES, barrier, queue, release)) for r in range(n)]
+        procs = [
+            ctx.Process(
+                target=rank_worker,
+                args=(
+                    paths,
+                    options,
+                    windows[r * len(windows) // n :] + windows[: r * len(windows) // n],
+                    WINDOW_FRAMES,
+                    barrier,
+                    queue,
+                    release,
+                ),
+            )
+            for r in range(n)
+        ]
         tmpfs_before = shutil.disk_usage("/dev/shm").used
         for p in procs:
             p.start()
@@ -223,7 +276,7 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
     read path adds.  Whole passes, not window pairs: a copy right after the read of the
     same window would find its source in the CPU cache and look cheaper than it is.
     """
-    from zstore.reader import _assemble
+    from zstore.read.reader import _assemble
 
     c = [c for c, _, _ in contenders(paths.work) if c.name == "zstore RAM hits (decoded)"][0]
     sample = windows[:200]
@@ -248,29 +301,36 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
         totals.append((t1 - t0) / len(work))
         copies.append((t2 - t1) / len(work))
     diffs = [t - c for t, c in zip(totals, copies)]
-    return {"window_us": statistics.median(totals) * 1e6,
-            "copy_us": statistics.median(copies) * 1e6,
-            "overhead_us": statistics.median(diffs) * 1e6}
+    return {
+        "window_us": statistics.median(totals) * 1e6,
+        "copy_us": statistics.median(copies) * 1e6,
+        "overhead_us": statistics.median(diffs) * 1e6,
+    }
 
 
 def origin_bytes(paths: Paths, windows: list) -> dict[str, float]:
     """Bytes a cold window reads from the origin (range fetch) vs its compressed size."""
-    from zstore.reader import WindowReader
+    from zstore.read import WindowReader
     from zstore.testing import ModelledFileSystem
 
     fs = ModelledFileSystem()
     reader = WindowReader(paths.store, origin_fs=fs).open()
     compressed, n = 0.0, 0
-    for index, item, start in windows[:100]:
+    for _index, item, start in windows[:100]:
         for name, hop in (("wav", HOP), ("act", 1)):
             layout = reader.layout(item, name)
-            obj = sum(os.path.getsize(os.path.join(paths.store, layout.object_key(s)))
-                      for s in range(-(-layout.length // layout.shard)))
+            obj = sum(
+                os.path.getsize(os.path.join(paths.store, layout.object_key(s)))
+                for s in range(-(-layout.length // layout.shard))
+            )
             compressed += obj * (WINDOW_FRAMES * hop) / layout.length
         reader.read(item, window_spans(start, WINDOW_FRAMES))
         n += 1
-    return {"origin_bytes_per_window": fs.bytes / n, "compressed_bytes_per_window": compressed / n,
-            "requests_per_window": fs.requests / n}
+    return {
+        "origin_bytes_per_window": fs.bytes / n,
+        "compressed_bytes_per_window": compressed / n,
+        "requests_per_window": fs.requests / n,
+    }
 
 
 def fetch_modes(paths: Paths, windows: list) -> dict[str, Any]:
@@ -280,21 +340,30 @@ def fetch_modes(paths: Paths, windows: list) -> dict[str, Any]:
     few = [w for w in windows if w[0] < 6][:48]
     out = {}
     for mode in ("range", "shard"):
-        cache = {"ram_dir": None, "ssd_dir": os.path.join(paths.work, f"ssd-{mode}"),
-                 "ssd_bytes": "8GB", "fetch": mode}
+        cache = {
+            "ram_dir": None,
+            "ssd_dir": os.path.join(paths.work, f"ssd-{mode}"),
+            "ssd_bytes": "8GB",
+            "fetch": mode,
+        }
         c = Contender(mode, "zstore", {"cache": cache, **S3})
         clear_tiers(c.options)
         n, seconds = run_windows(c, paths, few, WINDOW_FRAMES, 1e9)
         stats = zstore.cache_stats(zstore_cache(paths, c.options))
-        out[mode] = {"windows": n, "seconds": seconds, "requests": stats["origin"]["requests"],
-                     "bytes": stats["origin"]["bytes"]}
+        out[mode] = {
+            "windows": n,
+            "seconds": seconds,
+            "requests": stats["origin"]["requests"],
+            "bytes": stats["origin"]["bytes"],
+        }
         clear_tiers(c.options)
     return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", default="2GB", help="synthetic HDF5 size (2GB)")
     p.add_argument("--work", default="bench-data", help="data directory (./bench-data)")
     p.add_argument("--reps", type=int, default=3)
@@ -303,13 +372,16 @@ def main() -> None:
     t0 = time.time()
     paths, meta = prepare(args.work, args.size)
     windows = draw_windows(paths.store, 400)
-    results = {"meta": meta, "command": " ".join(["python", "tools/bench.py"] + sys.argv[1:]),
-               "single": single_process(paths, windows, args.reps),
-               "dataloader": dataloader(paths, windows, max(1, args.reps - 1)),
-               "ranks": shared_ranks(paths, windows[:200]),
-               "overhead": overhead(paths, windows),
-               "origin": origin_bytes(paths, windows),
-               "fetch_modes": fetch_modes(paths, windows)}
+    results = {
+        "meta": meta,
+        "command": " ".join(["python", "tools/bench.py"] + sys.argv[1:]),
+        "single": single_process(paths, windows, args.reps),
+        "dataloader": dataloader(paths, windows, max(1, args.reps - 1)),
+        "ranks": shared_ranks(paths, windows[:200]),
+        "overhead": overhead(paths, windows),
+        "origin": origin_bytes(paths, windows),
+        "fetch_modes": fetch_modes(paths, windows),
+    }
     for c, _, _ in contenders(paths.work):
         clear_tiers(c.options)
     results["seconds"] = time.time() - t0

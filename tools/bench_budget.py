@@ -38,9 +38,9 @@ MARK_END = "<!-- budget sweep: end -->"
 
 def prepare(work: str, size: str) -> dict[str, Any]:
     import zstore
-    from zstore.config import parse_size
-    from zstore.origin import store_bytes
-    from zstore.synthetic import SyntheticSpec, items_for_size, make_synthetic
+    from zstore.testing.synthetic import SyntheticSpec, items_for_size, make_synthetic
+    from zstore.units import parse_size
+    from zstore.urls import store_bytes
 
     os.makedirs(work, exist_ok=True)
     h5, store = os.path.join(work, "speech.h5"), os.path.join(work, "speech.zarr")
@@ -59,8 +59,13 @@ def prepare(work: str, size: str) -> dict[str, Any]:
         layout = reader.layout(manifest.items[0], name)
         per = int(np.prod(layout.shape)) // layout.length * layout.dtype.itemsize
         decoded += per * sum(manifest.lengths[name])
-    return {"h5": h5, "store": store, "decoded_bytes": decoded,
-            "store_bytes": store_bytes(store), "items": len(manifest.items)}
+    return {
+        "h5": h5,
+        "store": store,
+        "decoded_bytes": decoded,
+        "store_bytes": store_bytes(store),
+        "items": len(manifest.items),
+    }
 
 
 def draw(store: str, n: int, seed: int) -> list[tuple[str, int]]:
@@ -77,7 +82,7 @@ def draw(store: str, n: int, seed: int) -> list[tuple[str, int]]:
 
 
 def spans(start: int) -> dict[str, Any]:
-    from zstore.layout import Span
+    from zstore.format import Span
 
     return {"wav": Span(start * HOP, (start + FRAMES) * HOP), "act": Span(start, start + FRAMES)}
 
@@ -85,13 +90,18 @@ def spans(start: int) -> dict[str, Any]:
 def cache_config(work: str, budget: int, fmt: str) -> Any:
     import zstore
 
-    return zstore.CacheConfig(ram_dir=os.path.join(work, "ram") if budget else None,
-                              ram_bytes=budget, ram_format=fmt,
-                              ssd_dir=os.path.join(work, "ssd"), ssd_bytes="4GB")
+    return zstore.CacheConfig(
+        ram_dir=os.path.join(work, "ram") if budget else None,
+        ram_bytes=budget,
+        ram_format=fmt,
+        ssd_dir=os.path.join(work, "ssd"),
+        ssd_bytes="4GB",
+    )
 
 
-def rank(store: str, config: Any, epochs: list[list[tuple[str, int]]], barrier: Any,
-         queue: Any) -> None:
+def rank(
+    store: str, config: Any, epochs: list[list[tuple[str, int]]], barrier: Any, queue: Any
+) -> None:
     import zstore
 
     reader = zstore.WindowReader(store, cache=config).open()
@@ -106,8 +116,15 @@ def rank(store: str, config: Any, epochs: list[list[tuple[str, int]]], barrier: 
     queue.put(times)
 
 
-def run_config(info: dict[str, Any], work: str, fraction: float, fmt: str, epochs: int,
-               per_epoch: int, ranks: int) -> dict[str, Any]:
+def run_config(
+    info: dict[str, Any],
+    work: str,
+    fraction: float,
+    fmt: str,
+    epochs: int,
+    per_epoch: int,
+    ranks: int,
+) -> dict[str, Any]:
     import zstore
 
     budget = int(info["decoded_bytes"] * fraction)
@@ -117,9 +134,12 @@ def run_config(info: dict[str, Any], work: str, fraction: float, fmt: str, epoch
     plan = [draw(info["store"], per_epoch * ranks, seed=100 + e) for e in range(epochs)]
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(ranks + 1), ctx.Queue()
-    procs = [ctx.Process(target=rank, args=(info["store"], config,
-                                            [w[r::ranks] for w in plan], barrier, queue))
-             for r in range(ranks)]
+    procs = [
+        ctx.Process(
+            target=rank, args=(info["store"], config, [w[r::ranks] for w in plan], barrier, queue)
+        )
+        for r in range(ranks)
+    ]
     for p in procs:
         p.start()
     per_epoch_stats = []
@@ -134,8 +154,16 @@ def run_config(info: dict[str, Any], work: str, fraction: float, fmt: str, epoch
     for p in procs:
         p.join(600)
     window_bytes = FRAMES * (HOP * 8 + 3) * 4
-    out = {"fraction": fraction, "format": fmt, "budget": budget, "ranks": ranks,
-           "windows_per_s": [], "ram_fill_bytes": [], "ram_hit_rate": [], "read_bytes": []}
+    out = {
+        "fraction": fraction,
+        "format": fmt,
+        "budget": budget,
+        "ranks": ranks,
+        "windows_per_s": [],
+        "ram_fill_bytes": [],
+        "ram_hit_rate": [],
+        "read_bytes": [],
+    }
     for e in range(epochs):
         seconds = max(t[e] for t in times)
         out["windows_per_s"].append(per_epoch * ranks / seconds)
@@ -150,7 +178,7 @@ def run_config(info: dict[str, Any], work: str, fraction: float, fmt: str, epoch
 
 def counters(config: Any) -> dict[str, int]:
     from zstore.cache.stats import read_stats
-    from zstore.cache.tiers import node_dir
+    from zstore.cache.tiered import node_dir
 
     return read_stats(node_dir(config.resolved(), "stats"))
 
@@ -160,15 +188,15 @@ def reference(info: dict[str, Any], windows: list[tuple[str, int]]) -> dict[str,
     import h5py
 
     import zstore
-    from zstore.decode import decode_chunk
+    from zstore.format.decode import decode_chunk
 
     with h5py.File(info["h5"], "r") as f:
         for item, start in windows[:20]:
-            f[item]["wav"][:, start * HOP:(start + FRAMES) * HOP]
+            f[item]["wav"][:, start * HOP : (start + FRAMES) * HOP]
         t0 = time.perf_counter()
         for item, start in windows:
-            f[item]["wav"][:, start * HOP:(start + FRAMES) * HOP]
-            f[item]["act"][:, start:start + FRAMES]
+            f[item]["wav"][:, start * HOP : (start + FRAMES) * HOP]
+            f[item]["act"][:, start : start + FRAMES]
         h5 = len(windows) / (time.perf_counter() - t0)
     reader = zstore.WindowReader(info["store"], cache=None).open()
     encoded = []
@@ -177,8 +205,7 @@ def reference(info: dict[str, Any], windows: list[tuple[str, int]]) -> dict[str,
         for name, span in spans(start).items():
             layout = reader.layout(item, name)
             need = [(layout, k) for k in layout.chunks_for(span.start, span.stop)]
-            index = reader.source.index([(layout, k // layout.chunks_per_shard)
-                                         for _, k in need])
+            index = reader.source.index([(layout, k // layout.chunks_per_shard) for _, k in need])
             for _, k in need:
                 obj = layout.object_key(k // layout.chunks_per_shard)
                 off, n = index[obj][k % layout.chunks_per_shard]
@@ -195,14 +222,16 @@ def reference(info: dict[str, Any], windows: list[tuple[str, int]]) -> dict[str,
                 shape[-1] = span.stop - span.start
                 out = outs[layout.path] = np.empty(shape, layout.dtype)
             lo, hi = max(span.start, k * layout.chunk), min(span.stop, (k + 1) * layout.chunk)
-            out[..., lo - span.start:hi - span.start] = chunk[..., lo - k * layout.chunk:
-                                                              hi - k * layout.chunk]
+            out[..., lo - span.start : hi - span.start] = chunk[
+                ..., lo - k * layout.chunk : hi - k * layout.chunk
+            ]
     decode = len(encoded) / (time.perf_counter() - t0)
     return {"h5_slab": h5, "decode_limit": decode}
 
 
-def hit_costs(info: dict[str, Any], work: str, windows: list[tuple[str, int]],
-              decode_limit: float) -> dict[str, float]:
+def hit_costs(
+    info: dict[str, Any], work: str, windows: list[tuple[str, int]], decode_limit: float
+) -> dict[str, float]:
     """Per-window time of warm encoded-RAM hits and of SSD hits (page-cached), against
     decode + one copy of the same windows (the decode limit)."""
     import zstore
@@ -211,8 +240,12 @@ def hit_costs(info: dict[str, Any], work: str, windows: list[tuple[str, int]],
     for label, ram in (("encoded_ram", True), ("ssd", False)):
         shutil.rmtree(os.path.join(work, "ram-hits"), ignore_errors=True)
         config = zstore.CacheConfig(
-            ram_dir=os.path.join(work, "ram-hits") if ram else None, ram_bytes="2GB",
-            ram_format="encoded", ssd_dir=os.path.join(work, "ssd"), ssd_bytes="4GB")
+            ram_dir=os.path.join(work, "ram-hits") if ram else None,
+            ram_bytes="2GB",
+            ram_format="encoded",
+            ssd_dir=os.path.join(work, "ssd"),
+            ssd_bytes="4GB",
+        )
         reader = zstore.WindowReader(info["store"], cache=config).open()
         for _ in range(2):  # build the shards, then map them
             for item, start in windows:
@@ -247,31 +280,45 @@ def write(results: dict[str, Any], docs: str) -> None:
     with open(os.path.join(docs, "benchmarks-budget.json"), "w") as f:
         json.dump(results, f, indent=1, default=_plain)
     ref = results["reference"]
-    lines = [MARK_BEGIN, "", "## Beyond the RAM budget (tools/bench_budget.py)", "",
-             f"{results['items']} items, {results['decoded_bytes'] / 1e6:.0f} MB decoded, "
-             f"{results['store_bytes'] / 1e6:.0f} MB stored; the SSD tier holds the whole "
-             f"store (warmed once); random 10 s windows ({results['per_epoch']} per epoch per "
-             f"rank), {results['epochs']} epochs. Reference, same windows: h5py hyperslab "
-             f"{ref['h5_slab']:.0f} windows/s, single-core decode limit "
-             f"{ref['decode_limit']:.0f} windows/s.", "",
-             "Per-window time of warm hits against decode + one copy of the same windows "
-             f"({results['hits']['decode_copy_us']:.0f} us): an encoded RAM hit "
-             f"{results['hits']['encoded_ram_us']:.0f} us "
-             f"(+{results['hits']['encoded_ram_over_us']:.0f} us; target +300), an SSD hit "
-             f"(page-cached) {results['hits']['ssd_us']:.0f} us "
-             f"(+{results['hits']['ssd_over_us']:.0f} us; target +500).", "",
-             "| ranks | RAM budget (x decoded) | ram_format | windows/s by epoch | "
-             "RAM hit rate by epoch | RAM fills / bytes read by epoch | chosen |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        "## Beyond the RAM budget (tools/bench_budget.py)",
+        "",
+        f"{results['items']} items, {results['decoded_bytes'] / 1e6:.0f} MB decoded, "
+        f"{results['store_bytes'] / 1e6:.0f} MB stored; the SSD tier holds the whole "
+        f"store (warmed once); random 10 s windows ({results['per_epoch']} per epoch per "
+        f"rank), {results['epochs']} epochs. Reference, same windows: h5py hyperslab "
+        f"{ref['h5_slab']:.0f} windows/s, single-core decode limit "
+        f"{ref['decode_limit']:.0f} windows/s.",
+        "",
+        "Per-window time of warm hits against decode + one copy of the same windows "
+        f"({results['hits']['decode_copy_us']:.0f} us): an encoded RAM hit "
+        f"{results['hits']['encoded_ram_us']:.0f} us "
+        f"(+{results['hits']['encoded_ram_over_us']:.0f} us; target +300), an SSD hit "
+        f"(page-cached) {results['hits']['ssd_us']:.0f} us "
+        f"(+{results['hits']['ssd_over_us']:.0f} us; target +500).",
+        "",
+        "| ranks | RAM budget (x decoded) | ram_format | windows/s by epoch | "
+        "RAM hit rate by epoch | RAM fills / bytes read by epoch | chosen |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results["runs"]:
         wps = ", ".join(f"{x:.0f}" for x in r["windows_per_s"])
         hit = ", ".join(f"{x:.0%}" for x in r["ram_hit_rate"])
         fill = ", ".join(f"{f / b:.2f}" for f, b in zip(r["ram_fill_bytes"], r["read_bytes"]))
         chosen = "; ".join(f"{v.get('format')}" for v in r.get("chosen", {}).values()) or "-"
-        lines.append(f"| {r['ranks']} | {r['fraction']:.2f} | {r['format']} | {wps} | {hit} | "
-                     f"{fill} | {chosen} |")
-    lines += ["", "Targets, over every epoch after the first:", "",
-              "| target | measured | met |", "|---|---:|:---:|"]
+        lines.append(
+            f"| {r['ranks']} | {r['fraction']:.2f} | {r['format']} | {wps} | {hit} | "
+            f"{fill} | {chosen} |"
+        )
+    lines += [
+        "",
+        "Targets, over every epoch after the first:",
+        "",
+        "| target | measured | met |",
+        "|---|---:|:---:|",
+    ]
     for name, value, goal, at_least in targets(results):
         met = value >= goal if at_least else value <= goal
         lines.append(f"| {name} | {value:.2f} | {'yes' if met else 'NO'} |")
@@ -304,21 +351,40 @@ def targets(results: dict[str, Any]) -> list[tuple[str, float, float, bool]]:
                 if ranks == 1 and f in (0.5, 0.33):
                     vs_decode.append(x / results["reference"]["decode_limit"])
         for small, large in zip(fractions, fractions[1:]):
-            larger_vs_smaller += [b / a for a, b in zip(wps(ranks, small, "auto"),
-                                                         wps(ranks, large, "auto"))]
+            larger_vs_smaller += [
+                b / a for a, b in zip(wps(ranks, small, "auto"), wps(ranks, large, "auto"))
+            ]
     for r in runs:
         fills += [f / b for f, b in zip(r["ram_fill_bytes"][1:], r["read_bytes"][1:])]
     hits = results["hits"]
-    return [("the default >= 0.9x the best explicit ram_format (worst budget)",
-             min(default_vs_best, default=0.0), 0.9, True),
-            ("a larger budget never slower: windows/s over the next smaller budget's (worst)",
-             min(larger_vs_smaller, default=0.0), 1.0, True),
-            ("0.5 and 0.33 x decoded, 1 rank: >= 0.7x the single-core decode limit",
-             min(vs_decode, default=0.0), 0.7, True),
-            ("RAM fills / bytes read <= 0.10 (worst run)", max(fills, default=0.0), 0.10, False),
-            ("encoded RAM hit: us over decode + one copy <= 300",
-             hits["encoded_ram_over_us"], 300.0, False),
-            ("SSD hit: us over decode + one copy <= 500", hits["ssd_over_us"], 500.0, False)]
+    return [
+        (
+            "the default >= 0.9x the best explicit ram_format (worst budget)",
+            min(default_vs_best, default=0.0),
+            0.9,
+            True,
+        ),
+        (
+            "a larger budget never slower: windows/s over the next smaller budget's (worst)",
+            min(larger_vs_smaller, default=0.0),
+            1.0,
+            True,
+        ),
+        (
+            "0.5 and 0.33 x decoded, 1 rank: >= 0.7x the single-core decode limit",
+            min(vs_decode, default=0.0),
+            0.7,
+            True,
+        ),
+        ("RAM fills / bytes read <= 0.10 (worst run)", max(fills, default=0.0), 0.10, False),
+        (
+            "encoded RAM hit: us over decode + one copy <= 300",
+            hits["encoded_ram_over_us"],
+            300.0,
+            False,
+        ),
+        ("SSD hit: us over decode + one copy <= 500", hits["ssd_over_us"], 500.0, False),
+    ]
 
 
 def _plot(results: dict[str, Any], path: str) -> None:
@@ -332,12 +398,17 @@ def _plot(results: dict[str, Any], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for ranks in sorted({r["ranks"] for r in results["runs"]}):
         for fmt in FORMATS:
-            runs = sorted((r for r in results["runs"] if r["format"] == fmt and
-                           r["ranks"] == ranks), key=lambda r: r["fraction"])
+            runs = sorted(
+                (r for r in results["runs"] if r["format"] == fmt and r["ranks"] == ranks),
+                key=lambda r: r["fraction"],
+            )
             if runs:
-                ax.plot([r["fraction"] for r in runs],
-                        [float(np.median(r["windows_per_s"][1:] or r["windows_per_s"]))
-                         for r in runs], marker="o", label=f"{fmt}, {ranks} rank(s)")
+                ax.plot(
+                    [r["fraction"] for r in runs],
+                    [float(np.median(r["windows_per_s"][1:] or r["windows_per_s"])) for r in runs],
+                    marker="o",
+                    label=f"{fmt}, {ranks} rank(s)",
+                )
     ax.axhline(results["reference"]["decode_limit"], ls="--", c="grey", label="decode limit")
     ax.axhline(results["reference"]["h5_slab"], ls=":", c="black", label="h5py hyperslab")
     ax.set_xlabel("RAM budget / decoded bytes")
@@ -363,8 +434,12 @@ def main() -> None:
     work = os.path.abspath(args.work)
     info = prepare(work, args.size)
     warm_ssd(info, work)
-    results: dict[str, Any] = {**info, "epochs": args.epochs, "per_epoch": args.per_epoch,
-                               "runs": []}
+    results: dict[str, Any] = {
+        **info,
+        "epochs": args.epochs,
+        "per_epoch": args.per_epoch,
+        "runs": [],
+    }
     sample = draw(info["store"], 150, seed=7)
     results["reference"] = reference(info, sample)
     results["hits"] = hit_costs(info, work, sample, results["reference"]["decode_limit"])
@@ -376,9 +451,21 @@ def main() -> None:
                     continue  # no RAM tier: the format does not matter
                 r = run_config(info, work, fraction, fmt, args.epochs, args.per_epoch, ranks)
                 results["runs"].append(r)
-                print(json.dumps({k: r[k] for k in ("ranks", "fraction", "format",
-                                                    "windows_per_s", "ram_hit_rate")}),
-                      flush=True)
+                print(
+                    json.dumps(
+                        {
+                            k: r[k]
+                            for k in (
+                                "ranks",
+                                "fraction",
+                                "format",
+                                "windows_per_s",
+                                "ram_hit_rate",
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
     if not args.no_write:
         write(results, args.docs)
 

@@ -33,29 +33,40 @@ MARK_END = "<!-- cluster: end -->"
 def cache_for(work: str, node: int, budget: int) -> Any:
     import zstore
 
-    return zstore.CacheConfig(ram_dir=f"/dev/shm/zstore-bench-cluster-{os.getuid()}/node{node}",
-                              ram_bytes=budget, ssd_dir=None)
+    return zstore.CacheConfig(
+        ram_dir=f"/dev/shm/zstore-bench-cluster-{os.getuid()}/node{node}",
+        ram_bytes=budget,
+        ssd_dir=None,
+    )
 
 
-def rank(kind: str, store: str, work: str, budget: int, r: int, epochs: int, barrier: Any,
-         queue: Any) -> None:
+def rank(
+    kind: str, store: str, work: str, budget: int, r: int, epochs: int, barrier: Any, queue: Any
+) -> None:
     import torch
 
     import zstore
     from zstore.testing import ModelledFileSystem
 
     node = r // PER_NODE
-    ds = zstore.WindowDataset(store, window_seconds=10.0, seed=0, windows_per_item=4,
-                              cache=cache_for(work, node, budget),
-                              origin_fs=ModelledFileSystem(**S3))
+    ds = zstore.WindowDataset(
+        store,
+        window_seconds=10.0,
+        seed=0,
+        windows_per_item=4,
+        cache=cache_for(work, node, budget),
+        origin_fs=ModelledFileSystem(**S3),
+    )
     world = NODES * PER_NODE
     if kind == "distributed":
         sampler = torch.utils.data.distributed.DistributedSampler(
-            ds, num_replicas=world, rank=r, shuffle=True, seed=0)
+            ds, num_replicas=world, rank=r, shuffle=True, seed=0
+        )
     else:
         rotate = float(kind.split("=")[1]) if "=" in kind else 0.0
-        sampler = zstore.NodeSampler(ds, num_replicas=world, rank=r,
-                                     local_world_size=PER_NODE, seed=0, rotate=rotate)
+        sampler = zstore.NodeSampler(
+            ds, num_replicas=world, rank=r, local_world_size=PER_NODE, seed=0, rotate=rotate
+        )
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         ds.set_epoch(epoch)
@@ -71,7 +82,7 @@ def rank(kind: str, store: str, work: str, budget: int, r: int, epochs: int, bar
 
 def node_counts(work: str, budget: int) -> dict[str, int]:
     from zstore.cache.stats import read_stats
-    from zstore.cache.tiers import node_dir
+    from zstore.cache.tiered import node_dir
 
     total: dict[str, int] = {}
     for node in range(NODES):
@@ -86,12 +97,18 @@ def run(kind: str, store: str, work: str, budget: int, epochs: int) -> dict[str,
     ctx = mp.get_context("spawn")
     world = NODES * PER_NODE
     barrier, queue = ctx.Barrier(world + 1), ctx.Queue()
-    procs = [ctx.Process(target=rank, args=(kind, store, work, budget, r, epochs, barrier,
-                                            queue)) for r in range(world)]
+    procs = [
+        ctx.Process(target=rank, args=(kind, store, work, budget, r, epochs, barrier, queue))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
-    out: dict[str, Any] = {"sampler": kind, "origin_bytes": [], "ram_hit_rate": [],
-                           "windows_per_s": []}
+    out: dict[str, Any] = {
+        "sampler": kind,
+        "origin_bytes": [],
+        "ram_hit_rate": [],
+        "windows_per_s": [],
+    }
     last = node_counts(work, budget)
     for _ in range(epochs):
         barrier.wait()
@@ -111,15 +128,18 @@ def run(kind: str, store: str, work: str, budget: int, epochs: int) -> dict[str,
 
 
 def main() -> None:
-    from zstore.sizing import field_sizes
-    from zstore.manifests import read_manifest
+    from zstore.format import read_manifest
+    from zstore.format.sizing import field_sizes
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", default="bench-data/budget")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--docs", default="docs")
-    p.add_argument("--replot", action="store_true",
-                   help="rewrite the section and plot from docs/benchmarks-cluster.json")
+    p.add_argument(
+        "--replot",
+        action="store_true",
+        help="rewrite the section and plot from docs/benchmarks-cluster.json",
+    )
     args = p.parse_args()
     work = os.path.abspath(args.work)
     store = os.path.join(work, "speech.zarr")
@@ -141,26 +161,44 @@ def main() -> None:
 def write(results: list[dict[str, Any]], sizes: Any, budget: int, docs: str) -> None:
     with open(os.path.join(docs, "benchmarks-cluster.json"), "w") as f:
         json.dump(results, f, indent=1)
-    lines = [MARK_BEGIN, "", "## Cluster: node-stable sampling (tools/bench_cluster.py)", "",
-             f"{NODES} simulated nodes x {PER_NODE} ranks (8 processes), each node its own "
-             f"RAM tier of {budget / 1e6:.0f} MB (0.35x the {sizes.decoded_bytes / 1e6:.0f} MB "
-             "decoded corpus) and no SSD tier, the store behind the S3-like model; 4 windows "
-             "per item per epoch.", "",
-             "| sampler | origin MB by epoch | RAM hit rate by epoch | windows/s by epoch |",
-             "|---|---|---|---|"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        "## Cluster: node-stable sampling (tools/bench_cluster.py)",
+        "",
+        f"{NODES} simulated nodes x {PER_NODE} ranks (8 processes), each node its own "
+        f"RAM tier of {budget / 1e6:.0f} MB (0.35x the {sizes.decoded_bytes / 1e6:.0f} MB "
+        "decoded corpus) and no SSD tier, the store behind the S3-like model; 4 windows "
+        "per item per epoch.",
+        "",
+        "| sampler | origin MB by epoch | RAM hit rate by epoch | windows/s by epoch |",
+        "|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['sampler']} | "
-                     + ", ".join(f"{b / 1e6:.0f}" for b in r["origin_bytes"]) + " | "
-                     + ", ".join(f"{h:.0%}" for h in r["ram_hit_rate"]) + " | "
-                     + ", ".join(f"{w:.0f}" for w in r["windows_per_s"]) + " |")
+        lines.append(
+            f"| {r['sampler']} | "
+            + ", ".join(f"{b / 1e6:.0f}" for b in r["origin_bytes"])
+            + " | "
+            + ", ".join(f"{h:.0%}" for h in r["ram_hit_rate"])
+            + " | "
+            + ", ".join(f"{w:.0f}" for w in r["windows_per_s"])
+            + " |"
+        )
     node = results[0]
     later = max(node["origin_bytes"][1:]) / max(1, node["origin_bytes"][0])
-    lines += ["", "| target | measured | met |", "|---|---:|:---:|",
-              f"| NodeSampler: origin bytes in each later epoch <= 2% of epoch 0's | "
-              f"{later:.1%} | {'yes' if later <= 0.02 else 'NO'} |", "",
-              f"Sizing: with M nodes of RAM budget B, the corpus the cluster keeps warm is "
-              f"about M x B (here {NODES} x {budget / 1e6:.0f} MB against "
-              f"{sizes.decoded_bytes / 1e6:.0f} MB decoded).", "", MARK_END]
+    lines += [
+        "",
+        "| target | measured | met |",
+        "|---|---:|:---:|",
+        f"| NodeSampler: origin bytes in each later epoch <= 2% of epoch 0's | "
+        f"{later:.1%} | {'yes' if later <= 0.02 else 'NO'} |",
+        "",
+        f"Sizing: with M nodes of RAM budget B, the corpus the cluster keeps warm is "
+        f"about M x B (here {NODES} x {budget / 1e6:.0f} MB against "
+        f"{sizes.decoded_bytes / 1e6:.0f} MB decoded).",
+        "",
+        MARK_END,
+    ]
     replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
     plot(results, os.path.join(docs, "benchmarks-cluster.png"))
 
@@ -176,8 +214,12 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for r in results:
-        ax.plot(range(len(r["origin_bytes"])), [b / 1e6 for b in r["origin_bytes"]],
-                marker="o", label=r["sampler"])
+        ax.plot(
+            range(len(r["origin_bytes"])),
+            [b / 1e6 for b in r["origin_bytes"]],
+            marker="o",
+            label=r["sampler"],
+        )
     ax.set_xlabel("epoch")
     ax.set_ylabel("MB read from the origin (all nodes)")
     ax.set_title(f"{NODES} nodes x {PER_NODE} ranks, node RAM 0.35x the corpus")

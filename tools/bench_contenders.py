@@ -40,8 +40,9 @@ class Contender:
         self._pid = os.getpid()
         self._state = OPENERS[self.kind](paths, self.options)
 
-    def read(self, paths: Paths, index: int, item: str, start: int, frames: int
-             ) -> tuple[np.ndarray, np.ndarray]:
+    def read(
+        self, paths: Paths, index: int, item: str, start: int, frames: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         self.open(paths)
         return READERS[self.kind](self._state, index, item, start, frames)
 
@@ -62,6 +63,7 @@ def _modelled(options: dict[str, Any]) -> Any:
 
 # --- h5py ---------------------------------------------------------------------------
 
+
 def _open_h5(paths: Paths, options: dict[str, Any]) -> Any:
     import h5py
 
@@ -74,17 +76,22 @@ def _open_h5(paths: Paths, options: dict[str, Any]) -> Any:
 def _read_h5_whole(f: Any, index: int, item: str, start: int, frames: int):
     group = f[item]
     wav, act = group["wav"][()], group["act"][()]  # the users' code: whole group, then crop
-    return (np.ascontiguousarray(wav[:, start * HOP:(start + frames) * HOP]),
-            np.ascontiguousarray(act[:, start:start + frames]))
+    return (
+        np.ascontiguousarray(wav[:, start * HOP : (start + frames) * HOP]),
+        np.ascontiguousarray(act[:, start : start + frames]),
+    )
 
 
 def _read_h5_slab(f: Any, index: int, item: str, start: int, frames: int):
     group = f[item]
-    return (group["wav"][:, start * HOP:(start + frames) * HOP],
-            group["act"][:, start:start + frames])
+    return (
+        group["wav"][:, start * HOP : (start + frames) * HOP],
+        group["act"][:, start : start + frames],
+    )
 
 
 # --- Hugging Face datasets ----------------------------------------------------------
+
 
 def _open_hf(paths: Paths, options: dict[str, Any]) -> Any:
     import datasets
@@ -96,12 +103,13 @@ def _open_hf(paths: Paths, options: dict[str, Any]) -> Any:
 
 def _read_hf(ds: Any, index: int, item: str, start: int, frames: int):
     row = ds[index]  # the whole item, as advised; wav is stored (samples, mics)
-    wav = row["wav"][start * HOP:(start + frames) * HOP].T.contiguous()
-    act = row["act"][start:start + frames].T.contiguous()
+    wav = row["wav"][start * HOP : (start + frames) * HOP].T.contiguous()
+    act = row["act"][start : start + frames].T.contiguous()
     return wav.numpy(), act.numpy()
 
 
 # --- zarr-python and zstore ---------------------------------------------------------
+
 
 def _open_zarr(paths: Paths, options: dict[str, Any]) -> Any:
     import zarr
@@ -110,8 +118,10 @@ def _open_zarr(paths: Paths, options: dict[str, Any]) -> Any:
 
 
 def _read_zarr(root: Any, index: int, item: str, start: int, frames: int):
-    return (root[f"{item}/wav"][:, start * HOP:(start + frames) * HOP],
-            root[f"{item}/act"][:, start:start + frames])
+    return (
+        root[f"{item}/wav"][:, start * HOP : (start + frames) * HOP],
+        root[f"{item}/act"][:, start : start + frames],
+    )
 
 
 def zstore_cache(paths: Paths, options: dict[str, Any]) -> Any:
@@ -121,21 +131,26 @@ def zstore_cache(paths: Paths, options: dict[str, Any]) -> Any:
         return None
     c = options["cache"]
     return zstore.CacheConfig(
-        ram_dir=c.get("ram_dir"), ram_bytes=c.get("ram_bytes", 0),
-        ssd_dir=c.get("ssd_dir"), ssd_bytes=c.get("ssd_bytes", 0),
-        ram_format=c.get("ram_format", "decoded"), fetch=c.get("fetch", "range"))
+        ram_dir=c.get("ram_dir"),
+        ram_bytes=c.get("ram_bytes", 0),
+        ssd_dir=c.get("ssd_dir"),
+        ssd_bytes=c.get("ssd_bytes", 0),
+        ram_format=c.get("ram_format", "decoded"),
+        fetch=c.get("fetch", "range"),
+    )
 
 
 def _open_zstore(paths: Paths, options: dict[str, Any]) -> Any:
-    from zstore.reader import WindowReader
+    from zstore.read import WindowReader
 
-    return WindowReader(paths.store, cache=zstore_cache(paths, options),
-                        origin_fs=_modelled(options)).open()
+    return WindowReader(
+        paths.store, cache=zstore_cache(paths, options), origin_fs=_modelled(options)
+    ).open()
 
 
 def window_spans(start: int, frames: int) -> dict[str, Any]:
     """zstore spans of the window of ``frames`` act frames from ``start`` (wav aligned)."""
-    from zstore.layout import Span
+    from zstore.format import Span
 
     return {"wav": Span(start * HOP, (start + frames) * HOP), "act": Span(start, start + frames)}
 
@@ -145,14 +160,29 @@ def _read_zstore(reader: Any, index: int, item: str, start: int, frames: int):
     return out["wav"], out["act"]
 
 
-OPENERS = {"h5-whole": _open_h5, "h5-slab": _open_h5, "hf": _open_hf, "zarr": _open_zarr,
-           "zstore": _open_zstore}
-READERS = {"h5-whole": _read_h5_whole, "h5-slab": _read_h5_slab, "hf": _read_hf,
-           "zarr": _read_zarr, "zstore": _read_zstore}
+OPENERS = {
+    "h5-whole": _open_h5,
+    "h5-slab": _open_h5,
+    "hf": _open_hf,
+    "zarr": _open_zarr,
+    "zstore": _open_zstore,
+}
+READERS = {
+    "h5-whole": _read_h5_whole,
+    "h5-slab": _read_h5_slab,
+    "hf": _read_hf,
+    "zarr": _read_zarr,
+    "zstore": _read_zstore,
+}
 
 
-def run_windows(contender: Contender, paths: Paths, windows: list[tuple[int, str, int]],
-                frames: int, budget_s: float) -> tuple[int, float]:
+def run_windows(
+    contender: Contender,
+    paths: Paths,
+    windows: list[tuple[int, str, int]],
+    frames: int,
+    budget_s: float,
+) -> tuple[int, float]:
     """Read windows until done or ``budget_s`` passes; return (count, seconds)."""
     contender.open(paths)
     t0 = time.perf_counter()
@@ -176,8 +206,15 @@ def smaps(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
-def rank_worker(paths: Paths, options: dict[str, Any], windows: list[tuple[int, str, int]],
-                frames: int, barrier: Any, queue: Any, release: Any) -> None:
+def rank_worker(
+    paths: Paths,
+    options: dict[str, Any],
+    windows: list[tuple[int, str, int]],
+    frames: int,
+    barrier: Any,
+    queue: Any,
+    release: Any,
+) -> None:
     """One 'rank' of the shared-cache scenario: open, read its windows twice, report memory.
 
     The per-process base is the private memory after the first pass: imports, handles,
@@ -201,6 +238,14 @@ def rank_worker(paths: Paths, options: dict[str, Any], windows: list[tuple[int, 
         contender.read(paths, index, item, start, frames)
     seconds = time.perf_counter() - t0
     gc.collect()
-    queue.put({"pid": os.getpid(), "windows": 2 * len(windows), "seconds": seconds,
-               "opened": opened, "base": base, "final": smaps()})
+    queue.put(
+        {
+            "pid": os.getpid(),
+            "windows": 2 * len(windows),
+            "seconds": seconds,
+            "opened": opened,
+            "base": base,
+            "final": smaps(),
+        }
+    )
     release.wait(600)  # keep the maps alive until the node has been measured

@@ -41,19 +41,20 @@ def make_fs(kind: str, work: str) -> tuple[Any, Any]:
 
     origin = ModelledFileSystem(**S3)
     if kind == "zstore":
-        cfg = zstore.CacheConfig(ram_dir=f"/dev/shm/zstore-bench-fsspec-{os.getuid()}",
-                                 ram_bytes="128MB", ssd_dir=os.path.join(work, "zstore-ssd"),
-                                 ssd_bytes="256MB")
+        cfg = zstore.CacheConfig(
+            ram_dir=f"/dev/shm/zstore-bench-fsspec-{os.getuid()}",
+            ram_bytes="128MB",
+            ssd_dir=os.path.join(work, "zstore-ssd"),
+            ssd_bytes="256MB",
+        )
         return zstore.CachedFileSystem(fs=origin, cache=cfg, block_size="1MiB"), origin
     store = os.path.join(work, kind)
     if kind == "blockcache":
-        return cached.CachingFileSystem(fs=origin, cache_storage=store,
-                                        check_files=False), origin
+        return cached.CachingFileSystem(fs=origin, cache_storage=store, check_files=False), origin
     return cached.SimpleCacheFileSystem(fs=origin, cache_storage=store), origin
 
 
-def reader(kind: str, path: str, work: str, ranges: list[int], barrier: Any,
-           queue: Any) -> None:
+def reader(kind: str, path: str, work: str, ranges: list[int], barrier: Any, queue: Any) -> None:
     fs, origin = make_fs(kind, work)
     truth = np.memmap(path, dtype=np.uint8, mode="r")
     barrier.wait()
@@ -63,10 +64,16 @@ def reader(kind: str, path: str, work: str, ranges: list[int], barrier: Any,
         for start in ranges:
             f.seek(start)
             data = f.read(MiB)
-            if data != truth[start:start + MiB].tobytes():
+            if data != truth[start : start + MiB].tobytes():
                 wrong += 1
-    queue.put({"seconds": time.perf_counter() - t0, "wrong": wrong,
-               "origin_bytes": origin.bytes, "private": private_bytes()})
+    queue.put(
+        {
+            "seconds": time.perf_counter() - t0,
+            "wrong": wrong,
+            "origin_bytes": origin.bytes,
+            "private": private_bytes(),
+        }
+    )
     barrier.wait()  # the node's memory is measured while every process is alive
 
 
@@ -76,8 +83,10 @@ def run(kind: str, path: str, work: str, ranges: list[int]) -> dict[str, Any]:
         shutil.rmtree(d, ignore_errors=True)
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(5), ctx.Queue()
-    procs = [ctx.Process(target=reader, args=(kind, path, work, ranges, barrier, queue))
-             for _ in range(4)]
+    procs = [
+        ctx.Process(target=reader, args=(kind, path, work, ranges, barrier, queue))
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     barrier.wait()
@@ -89,10 +98,15 @@ def run(kind: str, path: str, work: str, ranges: list[int]) -> dict[str, Any]:
     barrier.wait()
     for p in procs:
         p.join(600)
-    return {"kind": kind, "origin_bytes": sum(r["origin_bytes"] for r in reports),
-            "wrong_reads": sum(r["wrong"] for r in reports),
-            "seconds": max(r["seconds"] for r in reports),
-            "private": sum(r["private"] for r in reports), "tmpfs": tmpfs, "disk": disk}
+    return {
+        "kind": kind,
+        "origin_bytes": sum(r["origin_bytes"] for r in reports),
+        "wrong_reads": sum(r["wrong"] for r in reports),
+        "seconds": max(r["seconds"] for r in reports),
+        "private": sum(r["private"] for r in reports),
+        "tmpfs": tmpfs,
+        "disk": disk,
+    }
 
 
 def main() -> None:
@@ -116,17 +130,26 @@ def main() -> None:
 def write(results: list[dict[str, Any]], size: int, n: int, docs: str) -> None:
     with open(os.path.join(docs, "benchmarks-fsspec.json"), "w") as f:
         json.dump(results, f, indent=1)
-    lines = [MARK_BEGIN, "", "## fsspec caching layer (tools/bench_fsspec.py)", "",
-             f"4 processes each read the same {n} random 1 MiB ranges of one "
-             f"{size / 1e6:.0f} MB file behind the S3-like model. zstore: RAM tier 128 MB + "
-             "SSD tier 256 MB shared by the processes; fsspec's layers: one shared cache "
-             "directory, no size limit.", "",
-             "| layer | origin MB | wrong or short reads | seconds | processes' private MB | "
-             "RAM tier (tmpfs) MB | cache disk MB |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        "## fsspec caching layer (tools/bench_fsspec.py)",
+        "",
+        f"4 processes each read the same {n} random 1 MiB ranges of one "
+        f"{size / 1e6:.0f} MB file behind the S3-like model. zstore: RAM tier 128 MB + "
+        "SSD tier 256 MB shared by the processes; fsspec's layers: one shared cache "
+        "directory, no size limit.",
+        "",
+        "| layer | origin MB | wrong or short reads | seconds | processes' private MB | "
+        "RAM tier (tmpfs) MB | cache disk MB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r['kind']} | {r['origin_bytes'] / 1e6:.0f} | {r['wrong_reads']} | "
-                     f"{r['seconds']:.1f} | {r['private'] / 1e6:.0f} | {r['tmpfs'] / 1e6:.0f} | "
-                     f"{r['disk'] / 1e6:.0f} |")
+        lines.append(
+            f"| {r['kind']} | {r['origin_bytes'] / 1e6:.0f} | {r['wrong_reads']} | "
+            f"{r['seconds']:.1f} | {r['private'] / 1e6:.0f} | {r['tmpfs'] / 1e6:.0f} | "
+            f"{r['disk'] / 1e6:.0f} |"
+        )
     lines += ["", MARK_END]
     replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
 

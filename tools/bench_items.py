@@ -29,10 +29,12 @@ from bench_docs import own_bytes, private_bytes, replace_section  # noqa: E402
 
 MARK_BEGIN = "<!-- items: begin (tools/bench_items.py) -->"
 MARK_END = "<!-- items: end -->"
-BEFORE = ("Before the format-2 manifest (the issue's run, 10,000 items of 0.1 s, same "
-          "machine): a 38.5 MB root zarr.json (consolidated metadata, 1.7 KB per item), "
-          "1.1 s and +105 MB to open a dataset (again in every worker), `zstore info` "
-          "4.0 s, conversion 72 items/s.")
+BEFORE = (
+    "Before the format-2 manifest (the issue's run, 10,000 items of 0.1 s, same "
+    "machine): a 38.5 MB root zarr.json (consolidated metadata, 1.7 KB per item), "
+    "1.1 s and +105 MB to open a dataset (again in every worker), `zstore info` "
+    "4.0 s, conversion 72 items/s."
+)
 
 
 def make_h5(path: Path, n: int) -> None:
@@ -58,7 +60,7 @@ def settle() -> None:
     reader trims the heap after reads, which would otherwise count as negative memory)."""
     import gc
 
-    from zstore.shards import release_free_memory
+    from zstore.read.ram_shards import release_free_memory
 
     gc.collect()
     release_free_memory()
@@ -75,8 +77,13 @@ def _worker(ds_bytes: bytes, out: mp.Queue) -> None:
     t0 = time.perf_counter()
     ds = pickle.loads(ds_bytes)
     ds[len(ds) - 1]
-    out.put({"open_s": time.perf_counter() - t0, "private_bytes": private_bytes() - base,
-             "own_bytes": own_bytes() - own})
+    out.put(
+        {
+            "open_s": time.perf_counter() - t0,
+            "private_bytes": private_bytes() - base,
+            "own_bytes": own_bytes() - own,
+        }
+    )
 
 
 def measure_open(store: str, ram_dir: str, out: mp.Queue) -> None:
@@ -94,9 +101,12 @@ def measure_open(store: str, ram_dir: str, out: mp.Queue) -> None:
     t0 = time.perf_counter()
     ds = zstore.WindowDataset(store, window_seconds=0.05, cache=cache)
     ds[len(ds) // 2]
-    result = {"open_s": time.perf_counter() - t0, "private_bytes": private_bytes() - base,
-              "own_bytes": own_bytes() - own,
-              "windows": len(ds)}
+    result = {
+        "open_s": time.perf_counter() - t0,
+        "private_bytes": private_bytes() - base,
+        "own_bytes": own_bytes() - own,
+        "windows": len(ds),
+    }
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_worker, args=(pickle.dumps(ds), q))
@@ -117,12 +127,12 @@ def run_size(n: int, data: Path, workers: int) -> dict:
     dst = data / f"items-{n}.zarr"
     shutil.rmtree(dst, ignore_errors=True)
     t0 = time.perf_counter()
-    zstore.convert(src, dst, rates={"wav": 16000, "act": 100}, workers=workers,
-                   progress=False)
+    zstore.convert(src, dst, rates={"wav": 16000, "act": 100}, workers=workers, progress=False)
     convert_s = time.perf_counter() - t0
     root = (dst / "zarr.json").stat().st_size
-    table = sum(p.stat().st_size for d in dst.glob("zstore_items_*") for p in d.rglob("*")
-                if p.is_file())
+    table = sum(
+        p.stat().st_size for d in dst.glob("zstore_items_*") for p in d.rglob("*") if p.is_file()
+    )
     ctx = mp.get_context("spawn")
     runs = []
     for _ in range(3):  # fresh processes each time; the best of each number
@@ -132,13 +142,22 @@ def run_size(n: int, data: Path, workers: int) -> dict:
             p.start()
             runs.append(q.get(timeout=1200))
             p.join(600)
-    opened = {**runs[0], **{k: min(r[k] for r in runs)
-                            for k in ("open_s", "private_bytes", "own_bytes", "info_s")},
-              "worker": {k: min(r["worker"][k] for r in runs)
-                         for k in ("open_s", "private_bytes", "own_bytes")}}
-    return {"items": n, "convert_s": convert_s, "convert_items_per_s": n / convert_s,
-            "root_bytes": root, "root_bytes_per_item": root / n,
-            "table_bytes_per_item": table / n, **opened}
+    opened = {
+        **runs[0],
+        **{k: min(r[k] for r in runs) for k in ("open_s", "private_bytes", "own_bytes", "info_s")},
+        "worker": {
+            k: min(r["worker"][k] for r in runs) for k in ("open_s", "private_bytes", "own_bytes")
+        },
+    }
+    return {
+        "items": n,
+        "convert_s": convert_s,
+        "convert_items_per_s": n / convert_s,
+        "root_bytes": root,
+        "root_bytes_per_item": root / n,
+        "table_bytes_per_item": table / n,
+        **opened,
+    }
 
 
 def plot(results: list[dict], path: str) -> None:
@@ -149,11 +168,16 @@ def plot(results: list[dict], path: str) -> None:
 
     n = [r["items"] for r in results]
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    series = [("open (s)", [r["open_s"] for r in results], [r["worker"]["open_s"] for r in results]),
-              ("own memory MB beyond imports", [r["own_bytes"] / 1e6 for r in results],
-               [r["worker"]["own_bytes"] / 1e6 for r in results]),
-              ("root metadata B/item", [r["root_bytes_per_item"] for r in results], None),
-              ("convert items/s", [r["convert_items_per_s"] for r in results], None)]
+    series = [
+        ("open (s)", [r["open_s"] for r in results], [r["worker"]["open_s"] for r in results]),
+        (
+            "own memory MB beyond imports",
+            [r["own_bytes"] / 1e6 for r in results],
+            [r["worker"]["own_bytes"] / 1e6 for r in results],
+        ),
+        ("root metadata B/item", [r["root_bytes_per_item"] for r in results], None),
+        ("convert items/s", [r["convert_items_per_s"] for r in results], None),
+    ]
     for ax, (title, main, worker) in zip(axes, series):
         ax.plot(n, main, "o-", label="main")
         if worker is not None:
@@ -172,8 +196,11 @@ def main() -> None:
     ap.add_argument("--data", default="bench-data/items")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--docs", default="docs")
-    ap.add_argument("--replot", action="store_true",
-                    help="rewrite the section and plot from docs/benchmarks-items.json")
+    ap.add_argument(
+        "--replot",
+        action="store_true",
+        help="rewrite the section and plot from docs/benchmarks-items.json",
+    )
     args = ap.parse_args()
     path = os.path.join(args.docs, "benchmarks-items.json")
     if args.replot:
@@ -199,49 +226,72 @@ def main() -> None:
 def _targets(results: list[dict]) -> list[str]:
     big = max(results, key=lambda r: r["items"])
     small = min(results, key=lambda r: r["items"])
-    grow_open = max(big["open_s"] / small["open_s"],
-                    big["worker"]["open_s"] / small["worker"]["open_s"])
+    grow_open = max(
+        big["open_s"] / small["open_s"], big["worker"]["open_s"] / small["worker"]["open_s"]
+    )
     mb = 1e6
     floor = 2**20  # below 1 MB the difference of two readings is page-granular noise
     grow_mem = max(big["own_bytes"], floor) / max(small["own_bytes"], floor)
     rows = [
-        (f"open <= 1 s at {big['items']:,} items (main, worker)",
-         f"{big['open_s']:.3f} s, {big['worker']['open_s']:.3f} s",
-         max(big["open_s"], big["worker"]["open_s"]) <= 1),
-        (f"private memory <= 50 MB at {big['items']:,} (main, worker)",
-         f"{big['private_bytes'] / mb:.1f} MB, {big['worker']['private_bytes'] / mb:.1f} MB",
-         max(big["private_bytes"], big["worker"]["private_bytes"]) <= 50 * mb),
-        ("open time grows <= 1.5x from the smallest to the largest corpus",
-         f"x{grow_open:.2f} (worst of main and worker)", grow_open <= 1.5),
-        ("the process's own memory grows <= 1.5x (main; readings under 1 MB count as 1 MB)",
-         f"x{grow_mem:.2f}: {small['own_bytes'] / mb:.1f} -> "
-         f"{big['own_bytes'] / mb:.1f} MB", grow_mem <= 1.5),
-        ("root metadata <= 100 B/item", f"{big['root_bytes_per_item']:.3f} B/item",
-         big["root_bytes_per_item"] <= 100),
-        ("conversion of 0.1 s items >= 1,000 items/s",
-         ", ".join(f"{r['convert_items_per_s']:,.0f}" for r in results),
-         min(r["convert_items_per_s"] for r in results) >= 1000),
+        (
+            f"open <= 1 s at {big['items']:,} items (main, worker)",
+            f"{big['open_s']:.3f} s, {big['worker']['open_s']:.3f} s",
+            max(big["open_s"], big["worker"]["open_s"]) <= 1,
+        ),
+        (
+            f"private memory <= 50 MB at {big['items']:,} (main, worker)",
+            f"{big['private_bytes'] / mb:.1f} MB, {big['worker']['private_bytes'] / mb:.1f} MB",
+            max(big["private_bytes"], big["worker"]["private_bytes"]) <= 50 * mb,
+        ),
+        (
+            "open time grows <= 1.5x from the smallest to the largest corpus",
+            f"x{grow_open:.2f} (worst of main and worker)",
+            grow_open <= 1.5,
+        ),
+        (
+            "the process's own memory grows <= 1.5x (main; readings under 1 MB count as 1 MB)",
+            f"x{grow_mem:.2f}: {small['own_bytes'] / mb:.1f} -> {big['own_bytes'] / mb:.1f} MB",
+            grow_mem <= 1.5,
+        ),
+        (
+            "root metadata <= 100 B/item",
+            f"{big['root_bytes_per_item']:.3f} B/item",
+            big["root_bytes_per_item"] <= 100,
+        ),
+        (
+            "conversion of 0.1 s items >= 1,000 items/s",
+            ", ".join(f"{r['convert_items_per_s']:,.0f}" for r in results),
+            min(r["convert_items_per_s"] for r in results) >= 1000,
+        ),
     ]
-    return ["| target | measured | met |", "|---|---|---|"] + \
-        [f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in rows]
+    return ["| target | measured | met |", "|---|---|---|"] + [
+        f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in rows
+    ]
 
 
 def write(results: list[dict], docs: str) -> None:
-    lines = [MARK_BEGIN, "", "## A million items (tools/bench_items.py)", "",
-             "Items of 0.1 s (`wav` 1 x 1,600 float32, `act` 2 x 10), one HDF5 file; "
-             "opening numbers are the best of 3 fresh processes; memory is beyond the "
-             "imports (torch, zstore): private = own + mapped, where own is what the "
-             "process allocated (anonymous memory) and mapped is the page-cache pages of "
-             "files it maps that no other process maps yet (the item table, and the RAM "
-             "tier's shard of the window read; this kernel maps a written file's pages in "
-             "large folios, so a few lookups of the table map megabytes of it; they are "
-             "page cache, shared with every process that maps them, as the worker's "
-             "numbers show: a private total that grows with the table, but not per "
-             "process). The worker unpickles the dataset as a "
-             "DataLoader worker does and reads a window. 2 cores.", "",
-             "| items | convert, items/s | root zarr.json, B/item | item table, B/item | "
-             "open, main | MB main: private (own + mapped) | open, worker | MB worker: "
-             "private (own) | `zstore info` |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        "## A million items (tools/bench_items.py)",
+        "",
+        "Items of 0.1 s (`wav` 1 x 1,600 float32, `act` 2 x 10), one HDF5 file; "
+        "opening numbers are the best of 3 fresh processes; memory is beyond the "
+        "imports (torch, zstore): private = own + mapped, where own is what the "
+        "process allocated (anonymous memory) and mapped is the page-cache pages of "
+        "files it maps that no other process maps yet (the item table, and the RAM "
+        "tier's shard of the window read; this kernel maps a written file's pages in "
+        "large folios, so a few lookups of the table map megabytes of it; they are "
+        "page cache, shared with every process that maps them, as the worker's "
+        "numbers show: a private total that grows with the table, but not per "
+        "process). The worker unpickles the dataset as a "
+        "DataLoader worker does and reads a window. 2 cores.",
+        "",
+        "| items | convert, items/s | root zarr.json, B/item | item table, B/item | "
+        "open, main | MB main: private (own + mapped) | open, worker | MB worker: "
+        "private (own) | `zstore info` |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     mb = 1e6
     for r in results:
         w = r["worker"]
@@ -251,29 +301,43 @@ def write(results: list[dict], docs: str) -> None:
             f"{r['open_s']:.3f} s | {r['private_bytes'] / mb:.1f} ({r['own_bytes'] / mb:.1f} "
             f"+ {(r['private_bytes'] - r['own_bytes']) / mb:.1f}) | "
             f"{w['open_s']:.3f} s | {w['private_bytes'] / mb:.1f} ({w['own_bytes'] / mb:.1f}) | "
-            f"{r['info_s']:.3f} s |")
+            f"{r['info_s']:.3f} s |"
+        )
     if len(results) >= 2:
         a, b = results[0], results[1]
         extra = b["items"] - a["items"]
-        lines += ["", f"From {a['items']:,} to {b['items']:,} items: open time "
-                  f"{(b['open_s'] - a['open_s']) * 1e3:+.0f} ms (main), "
-                  f"{(b['worker']['open_s'] - a['worker']['open_s']) * 1e3:+.0f} ms (worker); "
-                  f"own memory {(b['own_bytes'] - a['own_bytes']) / extra:+.1f} B/item "
-                  f"(main), {(b['worker']['own_bytes'] - a['worker']['own_bytes']) / extra:+.1f}"
-                  f" B/item (worker); mapped table pages (main) "
-                  f"{(b['private_bytes'] - b['own_bytes'] - a['private_bytes'] + a['own_bytes']) / extra:+.0f}"
-                  " B/item."]
-    lines += ["", *_targets(results), "", BEFORE, "", "![items](benchmarks-items.png)", "",
-              "Opening holds no per-item arrays when the window fits every item (the "
-              "header's shortest lengths and size totals say so); the main process reads "
-              "the item table once to check its checksum (~1 ms per 100,000 items) and its "
-              "workers trust that check while the file is unchanged. Conversion: each item "
-              "is 7 directories and 5 files written by the workers (mkdir takes 12-100 us "
-              "on this machine's ext4), and the HDF5 scan (h5py's low-level API, ~0.1 ms "
-              "per item) runs in the converting process while the workers start. A packed "
-              "layout for short items (many items per object) would cut the file count "
-              "further; at these rates it is not needed, so the store keeps one layout and "
-              "one read path.", "", MARK_END]
+        lines += [
+            "",
+            f"From {a['items']:,} to {b['items']:,} items: open time "
+            f"{(b['open_s'] - a['open_s']) * 1e3:+.0f} ms (main), "
+            f"{(b['worker']['open_s'] - a['worker']['open_s']) * 1e3:+.0f} ms (worker); "
+            f"own memory {(b['own_bytes'] - a['own_bytes']) / extra:+.1f} B/item "
+            f"(main), {(b['worker']['own_bytes'] - a['worker']['own_bytes']) / extra:+.1f}"
+            f" B/item (worker); mapped table pages (main) "
+            f"{(b['private_bytes'] - b['own_bytes'] - a['private_bytes'] + a['own_bytes']) / extra:+.0f}"
+            " B/item.",
+        ]
+    lines += [
+        "",
+        *_targets(results),
+        "",
+        BEFORE,
+        "",
+        "![items](benchmarks-items.png)",
+        "",
+        "Opening holds no per-item arrays when the window fits every item (the "
+        "header's shortest lengths and size totals say so); the main process reads "
+        "the item table once to check its checksum (~1 ms per 100,000 items) and its "
+        "workers trust that check while the file is unchanged. Conversion: each item "
+        "is 7 directories and 5 files written by the workers (mkdir takes 12-100 us "
+        "on this machine's ext4), and the HDF5 scan (h5py's low-level API, ~0.1 ms "
+        "per item) runs in the converting process while the workers start. A packed "
+        "layout for short items (many items per object) would cut the file count "
+        "further; at these rates it is not needed, so the store keeps one layout and "
+        "one read path.",
+        "",
+        MARK_END,
+    ]
     replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
     print("\n".join(lines))
 

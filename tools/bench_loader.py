@@ -52,9 +52,11 @@ class H5Windows(torch.utils.data.Dataset):
             self._f = h5py.File(self.h5, "r")
         item, spans, start, length = self.located[i]
         g = self._f[item]
-        return {"wav": torch.from_numpy(g["wav"][:, spans["wav"].start:spans["wav"].stop]),
-                "act": torch.from_numpy(g["act"][:, spans["act"].start:spans["act"].stop]),
-                "length": length}
+        return {
+            "wav": torch.from_numpy(g["wav"][:, spans["wav"].start : spans["wav"].stop]),
+            "act": torch.from_numpy(g["act"][:, spans["act"].start : spans["act"].stop]),
+            "length": length,
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         return {"h5": self.h5, "located": self.located, "_f": None}
@@ -63,8 +65,14 @@ class H5Windows(torch.utils.data.Dataset):
 def make_dataset(store: str, cache: Any, origin_fs: Any = None, per_item: int = 1) -> Any:
     import zstore
 
-    return zstore.WindowDataset(store, window_seconds=10.0, seed=0, cache=cache,
-                                origin_fs=origin_fs, windows_per_item=per_item)
+    return zstore.WindowDataset(
+        store,
+        window_seconds=10.0,
+        seed=0,
+        cache=cache,
+        origin_fs=origin_fs,
+        windows_per_item=per_item,
+    )
 
 
 def loader_for(kind: str, ds: Any, h5: str, sampler: Any) -> Any:
@@ -73,15 +81,16 @@ def loader_for(kind: str, ds: Any, h5: str, sampler: Any) -> Any:
     if kind == "WindowLoader":
         return zstore.WindowLoader(ds, BATCH, sampler=sampler, threads=2, prefetch=2)
     if kind == "h5py DataLoader x2":
-        return torch.utils.data.DataLoader(H5Windows(h5, ds), batch_size=BATCH,
-                                           sampler=sampler, num_workers=2)
+        return torch.utils.data.DataLoader(
+            H5Windows(h5, ds), batch_size=BATCH, sampler=sampler, num_workers=2
+        )
     workers = int(kind.rsplit("x", 1)[1])
-    return torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler,
-                                       num_workers=workers)
+    return torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers)
 
 
-def consume(kind: str, ds: Any, h5: str, sampler: Any, limit: int, barrier: Any
-            ) -> list[tuple[int, float]]:
+def consume(
+    kind: str, ds: Any, h5: str, sampler: Any, limit: int, barrier: Any
+) -> list[tuple[int, float]]:
     """Windows consumed and seconds in each of EPOCHS epochs (the ranks start each epoch
     together): every batch summed, like a training step touching it.  A loader is made
     once and used for every epoch, as a training loop does."""
@@ -110,9 +119,19 @@ def consume(kind: str, ds: Any, h5: str, sampler: Any, limit: int, barrier: Any
     return out
 
 
-def rank(kind: str, store: str, h5: str, cache: Any, r: int, ranks: int, limit: int,
-         origin: dict[str, Any] | None, step_threads: int | None, barrier: Any,
-         queue: Any) -> None:
+def rank(
+    kind: str,
+    store: str,
+    h5: str,
+    cache: Any,
+    r: int,
+    ranks: int,
+    limit: int,
+    origin: dict[str, Any] | None,
+    step_threads: int | None,
+    barrier: Any,
+    queue: Any,
+) -> None:
     from torch.utils.data.distributed import DistributedSampler
 
     if step_threads:
@@ -120,6 +139,7 @@ def rank(kind: str, store: str, h5: str, cache: Any, r: int, ranks: int, limit: 
     fs = None
     if origin:
         from zstore.testing import ModelledFileSystem
+
         fs = ModelledFileSystem(**origin)
     items = len(make_dataset(store, False))
     ds = make_dataset(store, cache, fs, per_item=-(-limit * ranks // items))
@@ -127,23 +147,34 @@ def rank(kind: str, store: str, h5: str, cache: Any, r: int, ranks: int, limit: 
     queue.put(consume(kind, ds, h5, sampler, limit, barrier))
 
 
-def run(kind: str, store: str, h5: str, cache: Any, ranks: int, limit: int,
-        origin: dict[str, Any] | None = None, step_threads: int | None = 1) -> list[float]:
+def run(
+    kind: str,
+    store: str,
+    h5: str,
+    cache: Any,
+    ranks: int,
+    limit: int,
+    origin: dict[str, Any] | None = None,
+    step_threads: int | None = 1,
+) -> list[float]:
     """Windows/s of the node in each epoch: ``ranks`` fresh processes, each reading
     ``limit`` windows an epoch (the dataset draws enough windows per item for that) and
     running the step on ``step_threads`` torch threads (None: torch's default)."""
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(ranks), ctx.Queue()
-    procs = [ctx.Process(target=rank, args=(kind, store, h5, cache, r, ranks, limit, origin,
-                                            step_threads, barrier, queue))
-             for r in range(ranks)]
+    procs = [
+        ctx.Process(
+            target=rank,
+            args=(kind, store, h5, cache, r, ranks, limit, origin, step_threads, barrier, queue),
+        )
+        for r in range(ranks)
+    ]
     for p in procs:
         p.start()
     results = [queue.get(timeout=3600) for _ in procs]
     for p in procs:
         p.join(600)
-    return [sum(r[e][0] for r in results) / max(r[e][1] for r in results)
-            for e in range(EPOCHS)]
+    return [sum(r[e][0] for r in results) / max(r[e][1] for r in results) for e in range(EPOCHS)]
 
 
 def main() -> None:
@@ -161,22 +192,27 @@ def main() -> None:
     if not os.path.exists(store):
         sys.exit("run tools/bench_budget.py first (it makes the data)")
     ram = f"/dev/shm/zstore-bench-loader-{os.getuid()}"
-    warm = zstore.CacheConfig(ram_dir=ram, ram_bytes="2GB", ram_format="decoded",
-                              ssd_dir=os.path.join(work, "ssd-loader"), ssd_bytes="2GB")
+    warm = zstore.CacheConfig(
+        ram_dir=ram,
+        ram_bytes="2GB",
+        ram_format="decoded",
+        ssd_dir=os.path.join(work, "ssd-loader"),
+        ssd_bytes="2GB",
+    )
     zstore.warm(store, cache=warm, progress=False, workers=2)
-    kinds = ["WindowLoader", "DataLoader x0", "DataLoader x2", "plain loop",
-             "h5py DataLoader x2"]
+    kinds = ["WindowLoader", "DataLoader x0", "DataLoader x2", "plain loop", "h5py DataLoader x2"]
     results: dict[str, Any] = {"warm": {}, "cold": {}}
     # The training step runs on one torch thread (torchrun's default for several ranks
     # per node; a GPU step leaves the cores to the data), and once with torch's default
     # threads on every core for one rank, for comparison.
     for ranks, step_threads, label in ((1, 1, ""), (4, 1, ""), (1, None, ", step on every core")):
         for kind in kinds:
-            runs = [run(kind, store, h5, warm, ranks, args.windows // ranks,
-                        step_threads=step_threads) for _ in range(args.reps)]
+            runs = [
+                run(kind, store, h5, warm, ranks, args.windows // ranks, step_threads=step_threads)
+                for _ in range(args.reps)
+            ]
             results["warm"][f"{kind}, {ranks} rank(s){label}"] = runs
-            print(f"warm {ranks} rank(s){label} {kind:20s} windows/s by epoch "
-                  f"{runs}", flush=True)
+            print(f"warm {ranks} rank(s){label} {kind:20s} windows/s by epoch {runs}", flush=True)
     for kind in ("WindowLoader", "DataLoader x2"):
         runs = []
         for _ in range(args.reps):
@@ -195,40 +231,75 @@ def write(results: dict[str, Any], docs: str) -> None:
         json.dump(results, f, indent=1)
     best = {k: max(r[-1] for r in v) for k, v in results["warm"].items()}
     cold = {k: max(r[0] for r in v) for k, v in results["cold"].items()}  # the cold epoch
-    lines = [MARK_BEGIN, "", "## Training loop (tools/bench_loader.py)", "",
-             f"Batches of {BATCH} random 10 s windows (8 mics), each summed by the loop; the "
-             "decoded RAM tier holds the data (warm), or every read goes to the S3-like "
-             "model (cold, one rank: its first epoch). Warm: windows/s for the node in the "
-             "epoch after the first (the first maps the tier's shards into each fresh "
-             "process and makes the loaders' buffers; per-epoch numbers are in "
-             "docs/benchmarks-loader.json), best of the repetitions.", "",
-             "The training step (the sum) runs on one torch thread in each process, "
-             "as torchrun sets it for several ranks per node and as a GPU step leaves the "
-             "cores to the data; the last column runs it on torch's default threads (both "
-             "cores), where torch's OpenMP threads spin after each step on the cores the "
-             "loader's threads copy on.", "",
-             "| reader | 1 rank | 4 ranks | 1 rank, step on every core |",
-             "|---|---:|---:|---:|"]
-    for kind in ("WindowLoader", "DataLoader x0", "DataLoader x2", "plain loop",
-                 "h5py DataLoader x2"):
-        lines.append(f"| {kind} | {best[f'{kind}, 1 rank(s)']:.0f} | "
-                     f"{best[f'{kind}, 4 rank(s)']:.0f} | "
-                     f"{best[f'{kind}, 1 rank(s), step on every core']:.0f} |")
-    lines += ["", f"Cold, S3-like: WindowLoader {cold['WindowLoader']:.0f} windows/s, "
-              f"DataLoader x2 {cold['DataLoader x2']:.0f}.", "",
-              "| target | measured | met |", "|---|---:|:---:|"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        "## Training loop (tools/bench_loader.py)",
+        "",
+        f"Batches of {BATCH} random 10 s windows (8 mics), each summed by the loop; the "
+        "decoded RAM tier holds the data (warm), or every read goes to the S3-like "
+        "model (cold, one rank: its first epoch). Warm: windows/s for the node in the "
+        "epoch after the first (the first maps the tier's shards into each fresh "
+        "process and makes the loaders' buffers; per-epoch numbers are in "
+        "docs/benchmarks-loader.json), best of the repetitions.",
+        "",
+        "The training step (the sum) runs on one torch thread in each process, "
+        "as torchrun sets it for several ranks per node and as a GPU step leaves the "
+        "cores to the data; the last column runs it on torch's default threads (both "
+        "cores), where torch's OpenMP threads spin after each step on the cores the "
+        "loader's threads copy on.",
+        "",
+        "| reader | 1 rank | 4 ranks | 1 rank, step on every core |",
+        "|---|---:|---:|---:|",
+    ]
+    for kind in (
+        "WindowLoader",
+        "DataLoader x0",
+        "DataLoader x2",
+        "plain loop",
+        "h5py DataLoader x2",
+    ):
+        lines.append(
+            f"| {kind} | {best[f'{kind}, 1 rank(s)']:.0f} | "
+            f"{best[f'{kind}, 4 rank(s)']:.0f} | "
+            f"{best[f'{kind}, 1 rank(s), step on every core']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Cold, S3-like: WindowLoader {cold['WindowLoader']:.0f} windows/s, "
+        f"DataLoader x2 {cold['DataLoader x2']:.0f}.",
+        "",
+        "| target | measured | met |",
+        "|---|---:|:---:|",
+    ]
     for name, value, goal in (
-            ("warm: WindowLoader >= 5x DataLoader x2 (1 rank)",
-             best["WindowLoader, 1 rank(s)"] / best["DataLoader x2, 1 rank(s)"], 5.0),
-            ("warm: WindowLoader >= 1.2x the plain loop (1 rank)",
-             best["WindowLoader, 1 rank(s)"] / best["plain loop, 1 rank(s)"], 1.2),
-            ("cold S3-like: WindowLoader >= 2x DataLoader x2",
-             cold["WindowLoader"] / cold["DataLoader x2"], 2.0)):
+        (
+            "warm: WindowLoader >= 5x DataLoader x2 (1 rank)",
+            best["WindowLoader, 1 rank(s)"] / best["DataLoader x2, 1 rank(s)"],
+            5.0,
+        ),
+        (
+            "warm: WindowLoader >= 1.2x the plain loop (1 rank)",
+            best["WindowLoader, 1 rank(s)"] / best["plain loop, 1 rank(s)"],
+            1.2,
+        ),
+        (
+            "cold S3-like: WindowLoader >= 2x DataLoader x2",
+            cold["WindowLoader"] / cold["DataLoader x2"],
+            2.0,
+        ),
+    ):
         lines.append(f"| {name} | {value:.2f} | {'yes' if value >= goal else 'NO'} |")
-    every = (best["WindowLoader, 1 rank(s), step on every core"]
-             / best["plain loop, 1 rank(s), step on every core"])
-    lines += ["", f"With the step on every core, WindowLoader reads {every:.2f}x the plain "
-              "loop (1 rank).", "", MARK_END]
+    every = (
+        best["WindowLoader, 1 rank(s), step on every core"]
+        / best["plain loop, 1 rank(s), step on every core"]
+    )
+    lines += [
+        "",
+        f"With the step on every core, WindowLoader reads {every:.2f}x the plain loop (1 rank).",
+        "",
+        MARK_END,
+    ]
     replace_section(docs, MARK_BEGIN, MARK_END, "\n".join(lines))
 
 

@@ -33,12 +33,14 @@ def make_table(root: str, n: int) -> str:
     """A store root holding one item table of ``n`` items; the table's key."""
     import numpy as np
 
-    from zstore.manifests import table_objects
+    from zstore.format.manifest import table_objects
 
     names = [f"spk{i // 100:05d}/utt{i:07d}" for i in range(n)]
     lengths = np.random.default_rng(0).integers(1600, 160000, n)
-    shapes = {"wav": np.stack([np.ones(n, np.int64), lengths], axis=1),
-              "act": np.stack([np.full(n, 2, np.int64), lengths // 160], axis=1)}
+    shapes = {
+        "wav": np.stack([np.ones(n, np.int64), lengths], axis=1),
+        "act": np.stack([np.full(n, 2, np.int64), lengths // 160], axis=1),
+    }
     name, objects = table_objects(names, shapes, {})
     for key, blob in objects.items():
         path = os.path.join(root, key)
@@ -49,7 +51,7 @@ def make_table(root: str, n: int) -> str:
 
 
 def open_once(root: str, key: str, node: str | None, queue) -> None:
-    from zstore.manifests import load_table
+    from zstore.format.manifest import load_table
     from zstore.origin import Origin
 
     before = own_bytes()
@@ -80,9 +82,11 @@ def main() -> None:
     try:
         key = make_table(base, args.items)
         rows = []
-        for label, node, fresh in [("node copy, first process (check + copy)", shm, True),
-                                   ("node copy, later processes (check + map)", shm, False),
-                                   ("no tier: held in the process", None, True)]:
+        for label, node, fresh in [
+            ("node copy, first process (check + copy)", shm, True),
+            ("node copy, later processes (check + map)", shm, False),
+            ("no tier: held in the process", None, True),
+        ]:
             best = None
             for _ in range(3):
                 if fresh and node:
@@ -92,14 +96,20 @@ def main() -> None:
                 best = got if best is None or got[0] < best[0] else best
             rows.append((label, *best))
         size = rows[0][3]
-        lines = [MARK_BEGIN, "",
-                 "## Item table: the node's copy (tools/bench_table.py)", "",
-                 f"A table of {args.items:,} items (`wav` and `act`: {size / 2**20:.1f} MB, "
-                 f"{size / args.items:.0f} bytes an item), opened in fresh processes "
-                 "(best of 3). A running job maps the node's checked copy, never the "
-                 "store's file, so a table cut short in place under it cannot make it read "
-                 "zeros or die of SIGBUS.", "",
-                 "| how | open ms | private MB |", "|---|---|---|"]
+        lines = [
+            MARK_BEGIN,
+            "",
+            "## Item table: the node's copy (tools/bench_table.py)",
+            "",
+            f"A table of {args.items:,} items (`wav` and `act`: {size / 2**20:.1f} MB, "
+            f"{size / args.items:.0f} bytes an item), opened in fresh processes "
+            "(best of 3). A running job maps the node's checked copy, never the "
+            "store's file, so a table cut short in place under it cannot make it read "
+            "zeros or die of SIGBUS.",
+            "",
+            "| how | open ms | private MB |",
+            "|---|---|---|",
+        ]
         lines += [f"| {label} | {s * 1000:.0f} | {mb:.1f} |" for label, s, mb, _ in rows]
         lines += ["", MARK_END]
         section = "\n".join(lines)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 
-from zstore.config import format_size, parse_size
-from zstore.synthetic import SyntheticSpec, items_for_size, make_synthetic
+from zstore.testing.synthetic import SyntheticSpec, items_for_size, make_synthetic
+from zstore.units import format_size, parse_size
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("path")
     p.add_argument("--items", type=int, help="number of groups")
     p.add_argument("--size", help="approximate file size instead, e.g. 2GB")
@@ -28,13 +29,23 @@ def main() -> None:
     p.add_argument("--max-seconds", type=float, default=45.0)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    spec = SyntheticSpec(items=1, mics=args.mics, speakers=args.speakers,
-                         min_seconds=args.min_seconds, max_seconds=args.max_seconds,
-                         seed=args.seed)
+    spec = SyntheticSpec(
+        items=1,
+        mics=args.mics,
+        speakers=args.speakers,
+        min_seconds=args.min_seconds,
+        max_seconds=args.max_seconds,
+        seed=args.seed,
+    )
     items = args.items or (items_for_size(parse_size(args.size), spec) if args.size else 8)
-    spec = SyntheticSpec(items=items, mics=args.mics, speakers=args.speakers,
-                         min_seconds=args.min_seconds, max_seconds=args.max_seconds,
-                         seed=args.seed)
+    spec = SyntheticSpec(
+        items=items,
+        mics=args.mics,
+        speakers=args.speakers,
+        min_seconds=args.min_seconds,
+        max_seconds=args.max_seconds,
+        seed=args.seed,
+    )
     size = make_synthetic(args.path, spec, progress=True)
     print(f"wrote {args.path}: {items} items, {format_size(size)}")
 

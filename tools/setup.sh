@@ -31,7 +31,7 @@ else
 fi
 extras=${1:-}
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
-stamp="$stamp_dir/.zstore-setup-$(cat pyproject.toml zstore/_stream.c | cksum | cut -d' ' -f1)-${extras:-base}"
+stamp="$stamp_dir/.zstore-setup-$(cat pyproject.toml zstore/read/_stream.c | cksum | cut -d' ' -f1)-${extras:-base}"
 if [[ ! -f "$stamp" ]] || ! "$PY" -c "import zstore, torch" 2>/dev/null; then
     if ! "$PY" -c "import torch" 2>/dev/null; then
         "$PY" -m pip install --quiet torch==2.13.0

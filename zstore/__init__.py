@@ -5,32 +5,69 @@ node-shared RAM/SSD cache.
 >>> sorted(zstore.__all__)[:3]
 ['CacheConfig', 'CachedFileSystem', 'CachedStore']
 """
+
 import fsspec as _fsspec
 
-from zstore.append import append
-from zstore.cache import cache_stats, clear_cache
+from zstore.cache import CacheConfig, cache_stats, clear_cache
 from zstore.cachedfs import CachedFileSystem, cached_filesystem
-from zstore.collate import collate_pad
-from zstore.config import CacheConfig, parse_size
-from zstore.convert import ConvertReport, convert
-from zstore.dataset import WindowDataset
-from zstore.errors import (ConfigError, DestinationError, IntegrityError, MissingDataError,
-                           OriginError, ShortItemError, SourceError, StoreFormatError, ZstoreError)
-from zstore.info import store_info
-from zstore.loader import LoaderError, WindowLoader
-from zstore.reader import WindowReader
-from zstore.samplers import NodeSampler, WindowSampler
-from zstore.store import CachedStore, open_store
-from zstore.warm import warm
+from zstore.cli import store_info, warm
+from zstore.convert import ConvertReport, append, convert
+from zstore.errors import (
+    ConfigError,
+    DestinationError,
+    IntegrityError,
+    MissingDataError,
+    OriginError,
+    ShortItemError,
+    SourceError,
+    StoreFormatError,
+    ZstoreError,
+)
+from zstore.read import CachedStore, WindowReader, open_store
+from zstore.train import (
+    LoaderError,
+    NodeSampler,
+    WindowDataset,
+    WindowLoader,
+    WindowSampler,
+    collate_pad,
+)
+from zstore.units import parse_size
 
 __version__ = "0.1.0"
 
 # `fsspec.open("zstore::s3://...")` works once zstore is imported; the package's
 # fsspec.specs entry point registers it even before that.
 _fsspec.register_implementation("zstore", CachedFileSystem, clobber=True)
-__all__ = ["append", "cache_stats", "CacheConfig", "cached_filesystem", "CachedFileSystem",
-           "CachedStore", "clear_cache", "collate_pad", "ConfigError", "convert",
-           "ConvertReport", "DestinationError", "IntegrityError", "LoaderError", "NodeSampler",
-           "MissingDataError", "open_store", "OriginError", "parse_size", "ShortItemError",
-           "SourceError", "store_info", "StoreFormatError", "warm", "WindowDataset",
-           "WindowLoader", "WindowReader", "WindowSampler", "ZstoreError", "__version__"]
+__all__ = [
+    "append",
+    "cache_stats",
+    "CacheConfig",
+    "cached_filesystem",
+    "CachedFileSystem",
+    "CachedStore",
+    "clear_cache",
+    "collate_pad",
+    "ConfigError",
+    "convert",
+    "ConvertReport",
+    "DestinationError",
+    "IntegrityError",
+    "LoaderError",
+    "NodeSampler",
+    "MissingDataError",
+    "open_store",
+    "OriginError",
+    "parse_size",
+    "ShortItemError",
+    "SourceError",
+    "store_info",
+    "StoreFormatError",
+    "warm",
+    "WindowDataset",
+    "WindowLoader",
+    "WindowReader",
+    "WindowSampler",
+    "ZstoreError",
+    "__version__",
+]

@@ -32,10 +32,12 @@ try:  # fsspec >= 2025: marks a file system layered over another, so that a chai
 except ImportError:  # pragma: no cover - older fsspec: use cached_filesystem() instead
     from fsspec.spec import AbstractFileSystem as _Base
 
-from zstore.cache.ownership import make_dir, write_json
-from zstore.cache.tiers import TieredCache
-from zstore.config import CacheConfig, as_cache_config, parse_size
+from zstore.cache.files import write_json
+from zstore.cache.options import CacheConfig, as_cache_config
+from zstore.cache.ownership import make_dir
+from zstore.cache.tiered import TieredCache
 from zstore.errors import ConfigError, IntegrityError
+from zstore.units import parse_size
 
 BLOCK = 4 * 2**20  # bytes a block: few requests for HDF5's scattered reads, little waste
 _UNREACHABLE = (OSError, TimeoutError, ConnectionError)
@@ -64,16 +66,24 @@ class CachedFileSystem(_Base):
     protocol = "zstore"
     cachable = False
 
-    def __init__(self, target_protocol: str | None = None,
-                 target_options: dict[str, Any] | None = None, fs: Any = None,
-                 block_size: int | str = BLOCK, cache: CacheConfig | None = None,
-                 fo: str | None = None, **config: Any):
+    def __init__(
+        self,
+        target_protocol: str | None = None,
+        target_options: dict[str, Any] | None = None,
+        fs: Any = None,
+        block_size: int | str = BLOCK,
+        cache: CacheConfig | None = None,
+        fo: str | None = None,
+        **config: Any,
+    ):
         super().__init__()
         if fs is None:
             if target_protocol is None:
-                raise ConfigError("zstore's cached file system needs a target: "
-                                  "zstore.cached_filesystem('s3://bucket', ...) or a chained "
-                                  "URL such as zstore::s3://bucket/file.h5")
+                raise ConfigError(
+                    "zstore's cached file system needs a target: "
+                    "zstore.cached_filesystem('s3://bucket', ...) or a chained "
+                    "URL such as zstore::s3://bucket/file.h5"
+                )
             fs = fsspec.filesystem(target_protocol, **(target_options or {}))
         self.fs = fs
         self.block_size = parse_size(block_size, name="block_size")
@@ -92,9 +102,9 @@ class CachedFileSystem(_Base):
         """``path`` as the target file system names it (any zstore:: prefix dropped)."""
         path = str(path)
         if path.startswith("zstore::"):
-            path = path[len("zstore::"):]
+            path = path[len("zstore::") :]
         elif path.startswith("zstore://"):
-            path = path[len("zstore://"):]
+            path = path[len("zstore://") :]
         return self.fs._strip_protocol(path)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
@@ -129,8 +139,12 @@ class CachedFileSystem(_Base):
         if tag:
             version = info.get("VersionId") or info.get("version_id")
             return f"{info.get('size')}:{tag}" + (f":{version}" if version else "")
-        tag = info.get("mtime") or info.get("LastModified") or info.get("last_modified") \
+        tag = (
+            info.get("mtime")
+            or info.get("LastModified")
+            or info.get("last_modified")
             or info.get("created")
+        )
         local = [info.get(k) for k in ("ino", "created") if info.get(k) is not None]
         return ":".join(str(x) for x in [info.get("size"), tag, *local])
 
@@ -161,28 +175,35 @@ class CachedFileSystem(_Base):
     def _warn_stale(self, path: str, error: BaseException) -> None:
         if path not in self._warned:
             self._warned.add(path)
-            warnings.warn(f"zstore: {self.fs.protocol}://{path} cannot be reached ({error}); "
-                          "serving the blocks already cached (stale-if-error)", stacklevel=4)
+            warnings.warn(
+                f"zstore: {self.fs.protocol}://{path} cannot be reached ({error}); "
+                "serving the blocks already cached (stale-if-error)",
+                stacklevel=4,
+            )
 
     # -- data: fixed-size blocks through the tiers -----------------------------------
 
-    def read_range(self, path: str, start: int, end: int,
-                   info: dict[str, Any] | None = None) -> bytes:
+    def read_range(
+        self, path: str, start: int, end: int, info: dict[str, Any] | None = None
+    ) -> bytes:
         """Bytes [start, end) of ``path`` through the tiers (one batch of misses)."""
         info = info or self.info(path)
         size = int(info["size"])
         start, end = max(0, start), min(size, end)
         if end <= start:
             return b""
-        version = hashlib.sha1(f"{self.fs.protocol}:{path}:{self._version(info)}"
-                               .encode()).hexdigest()[:24]
+        version = hashlib.sha1(
+            f"{self.fs.protocol}:{path}:{self._version(info)}".encode()
+        ).hexdigest()[:24]
         first, last = start // self.block_size, (end - 1) // self.block_size
         blocks = list(range(first, last + 1))
         keys = [f"{version}/b{b}" for b in blocks]
-        bounds = {k: (b * self.block_size, min(size, (b + 1) * self.block_size))
-                  for k, b in zip(keys, blocks)}
+        bounds = {
+            k: (b * self.block_size, min(size, (b + 1) * self.block_size))
+            for k, b in zip(keys, blocks)
+        }
 
-        def fetch(missing: list[str]) -> list[bytes | None]:
+        def fetch(missing: list[str]) -> list[bytes | memoryview | None]:
             starts = [bounds[k][0] for k in missing]
             ends = [bounds[k][1] for k in missing]
             datas = self.fs.cat_ranges([path] * len(missing), starts, ends)  # concurrent
@@ -190,9 +211,11 @@ class CachedFileSystem(_Base):
                 if isinstance(data, BaseException):
                     raise data
                 if len(data) != hi - lo:  # a short read is never cached as the block
-                    raise IntegrityError(f"{self.fs.protocol}://{path}: bytes [{lo}, {hi}) "
-                                         f"came back as {len(data)} bytes; the file may "
-                                         "be changing: try again")
+                    raise IntegrityError(
+                        f"{self.fs.protocol}://{path}: bytes [{lo}, {hi}) "
+                        f"came back as {len(data)} bytes; the file may "
+                        "be changing: try again"
+                    )
             self.tiers.stats.add("origin_requests", len(missing))
             self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas))
             return list(datas)
@@ -208,10 +231,11 @@ class CachedFileSystem(_Base):
                 raise
         data = b"".join(bytes(v) for v in values)  # type: ignore[arg-type]
         offset = first * self.block_size
-        return data[start - offset:end - offset]
+        return data[start - offset : end - offset]
 
-    def cat_file(self, path: str, start: int | None = None, end: int | None = None,
-                 **kwargs: Any) -> bytes:
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
         path = self._target(path)
         info = self.info(path)
         size = int(info["size"])
@@ -219,11 +243,19 @@ class CachedFileSystem(_Base):
         hi = size if end is None else (end if end >= 0 else max(0, size + end))
         return self.read_range(path, lo, hi, info)
 
-    def _open(self, path: str, mode: str = "rb", block_size: Any = None,
-              autocommit: bool = True, cache_options: Any = None, **kwargs: Any) -> Any:
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: Any = None,
+        autocommit: bool = True,
+        cache_options: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         if mode != "rb":
-            raise ValueError(f"zstore's cached file system is read-only; cannot open "
-                             f"{path!r} with mode {mode!r}")
+            raise ValueError(
+                f"zstore's cached file system is read-only; cannot open {path!r} with mode {mode!r}"
+            )
         path = self._target(path)
         return CachedFile(self, path, self.info(path))
 
@@ -236,19 +268,25 @@ class CachedFile(AbstractBufferedFile):
     """A file read through :class:`CachedFileSystem`'s blocks (no second cache)."""
 
     def __init__(self, fs: CachedFileSystem, path: str, info: dict[str, Any]):
-        super().__init__(fs, path, mode="rb", block_size=fs.block_size, cache_type="none",
-                         size=int(info["size"]))
+        super().__init__(
+            fs, path, mode="rb", block_size=fs.block_size, cache_type="none", size=int(info["size"])
+        )
         self._info = info
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs.read_range(self.path, start, end, self._info)
 
 
-def cached_filesystem(target_url: str, *, cache: CacheConfig | None = None,
-                      storage_options: dict[str, Any] | None = None,
-                      block_size: int | str = BLOCK) -> CachedFileSystem:
+def cached_filesystem(
+    target_url: str,
+    *,
+    cache: CacheConfig | None = None,
+    storage_options: dict[str, Any] | None = None,
+    block_size: int | str = BLOCK,
+) -> CachedFileSystem:
     """An fsspec file system that reads ``target_url``'s file system (``"s3://bucket"``,
     ``"/mnt/nfs"``, ...) through the node-shared cache tiers; paths are the target's."""
     fs, _ = fsspec.core.url_to_fs(target_url, **(storage_options or {}))
-    return CachedFileSystem(fs=fs, cache=as_cache_config(cache) or CacheConfig(),
-                            block_size=block_size)
+    return CachedFileSystem(
+        fs=fs, cache=as_cache_config(cache) or CacheConfig(), block_size=block_size
+    )

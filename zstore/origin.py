@@ -19,42 +19,24 @@ from typing import Any
 import fsspec
 
 from zstore.errors import IntegrityError, OriginError
+from zstore.urls import is_url, local_path, network_fs_type, store_bytes, zarr_store
+
+__all__ = [
+    "Origin",
+    "OriginError",
+    "Request",
+    "RetryPolicy",
+    "TransientError",
+    "describe",
+    "is_transient",
+    "is_url",
+    "local_path",
+    "store_bytes",
+    "zarr_store",
+]
 
 #: (key, start, stop): stop None reads to the end; start < 0 reads a suffix of -start bytes.
 Request = tuple[str, int | None, int | None]
-
-
-def is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def local_path(url: str) -> str:
-    return url[len("file://"):] if url.startswith("file://") else url
-
-
-def zarr_store(url: str, storage_options: dict[str, Any] | None, *, read_only: bool) -> Any:
-    """A plain zarr store (no cache) for a path or fsspec URL."""
-    from zarr.storage import FsspecStore, LocalStore
-
-    url = os.fspath(url)
-    if is_url(url):
-        return FsspecStore.from_url(url, storage_options=storage_options or {},
-                                    read_only=read_only)
-    path = local_path(url)
-    if not read_only:
-        os.makedirs(path, exist_ok=True)
-    return LocalStore(path, read_only=read_only)
-
-
-def store_bytes(url: str, storage_options: dict[str, Any] | None = None) -> int:
-    """Bytes of every object under ``url``."""
-    if not is_url(url):
-        total = 0
-        for dirpath, _, files in os.walk(local_path(url)):
-            total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
-        return total
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return int(fs.du(path))
 
 
 @dataclass(frozen=True)
@@ -71,11 +53,33 @@ class TransientError(OSError):
     """A retryable failure (truncated response, reset connection, throttling, 5xx)."""
 
 
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-              ValueError, TypeError, KeyError, IntegrityError)
-_TRANSIENT_WORDS = ("timeout", "timed out", "throttl", "slowdown", "slow down", "reset",
-                    "connection", "503", "500", "502", "504", "internalerror",
-                    "serviceunavailable", "temporar", "broken pipe")
+_PERMANENT = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IntegrityError,
+)
+_TRANSIENT_WORDS = (
+    "timeout",
+    "timed out",
+    "throttl",
+    "slowdown",
+    "slow down",
+    "reset",
+    "connection",
+    "503",
+    "500",
+    "502",
+    "504",
+    "internalerror",
+    "serviceunavailable",
+    "temporar",
+    "broken pipe",
+)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -86,8 +90,13 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (TimeoutError, ConnectionError)):
         return True
-    if isinstance(exc, OSError) and exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT,
-                                                   errno.ECONNRESET, errno.ESTALE):
+    if isinstance(exc, OSError) and exc.errno in (
+        errno.EIO,
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ESTALE,
+    ):
         return True
     text = f"{type(exc).__name__} {exc}".lower()
     if "403" in text or "404" in text or "accessdenied" in text or "nosuchkey" in text:
@@ -111,9 +120,15 @@ class Origin:
     naming the store, key and byte range.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
-                 max_requests: int = 16, retry: RetryPolicy = RetryPolicy(),
-                 fs: Any = None):
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        max_requests: int = 16,
+        retry: RetryPolicy = RetryPolicy(),
+        fs: Any = None,
+    ):
         self.url = os.fspath(url).rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.max_requests = max_requests
@@ -125,13 +140,23 @@ class Origin:
         self._count_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": self.storage_options,
-                "max_requests": self.max_requests, "retry": self.retry,
-                "fs": self._fs_given}
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "max_requests": self.max_requests,
+            "retry": self.retry,
+            "fs": self._fs_given,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["storage_options"], max_requests=state["max_requests"],
-                      retry=state["retry"], fs=state["fs"])
+        type(self).__init__(
+            self,
+            state["url"],
+            state["storage_options"],
+            max_requests=state["max_requests"],
+            retry=state["retry"],
+            fs=state["fs"],
+        )
 
     def _open(self) -> None:
         if self._pid == os.getpid():
@@ -146,7 +171,6 @@ class Origin:
             self._fs, self._root = None, local_path(self.url)
         # Local disks answer a read in microseconds, so ranges are read in turn; a network
         # file system (NFS, Lustre, ...) costs a round trip each, so they overlap.
-        from zstore.cache.place import network_fs_type
 
         self._concurrent = self._fs is not None or network_fs_type(self._root) is not None
 
@@ -181,8 +205,10 @@ class Origin:
                 late = time.monotonic() - t0 + delay > policy.deadline
                 if not is_transient(e) or attempt == policy.attempts or late:
                     tries = f" after {attempt} attempts" if attempt > 1 else ""
-                    raise OriginError(f"{self.url}: reading {describe(key, start, stop)} "
-                                      f"failed{tries}: {type(e).__name__}: {e}") from e
+                    raise OriginError(
+                        f"{self.url}: reading {describe(key, start, stop)} "
+                        f"failed{tries}: {type(e).__name__}: {e}"
+                    ) from e
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, policy.max_delay)
                 continue

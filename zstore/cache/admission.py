@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache.ownership import fix_file
+from zstore.cache.files import fix_file
 
 ROWS = 4
 HEADER = 16  # uint64 accesses since the last halving, uint64 period
@@ -61,7 +61,7 @@ class FrequencySketch:
         return {"directory": os.path.dirname(self.path), "width": self.width}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["directory"], state["width"])
+        type(self).__init__(self, state["directory"], state["width"])
 
     def _open(self) -> bool:
         if self._pid == os.getpid():
@@ -137,8 +137,8 @@ class FrequencySketch:
             return  # another process is halving
         try:
             if self._head[0] >= max(self._head[1], MIN_PERIOD):  # type: ignore[index]
-                counts = np.frombuffer(self._map, dtype=np.uint16,  # type: ignore[arg-type]
-                                       offset=HEADER)
+                assert self._map is not None
+                counts = np.frombuffer(self._map, dtype=np.uint16, offset=HEADER)
                 counts >>= 1
                 del counts
                 self._head[0] = 0  # type: ignore[index]

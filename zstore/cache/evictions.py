@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from zstore.cache.ownership import fix_file, make_dir
+from zstore.cache.files import fix_file
+from zstore.cache.ownership import make_dir
 
 SLOTS = 4096
 

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Iterator
 
 from crc32c import crc32c
 
-from zstore.cache.ownership import make_dir, open_file
+from zstore.cache.files import open_file
+from zstore.cache.ownership import make_dir
 
 
 class StripedLocks:
@@ -39,8 +40,10 @@ class StripedLocks:
                 try:
                     if make_dir(self.directory) is not None:
                         continue  # not a safe place: no lock (see ownership)
-                    fd = open_file(os.path.join(self.directory, f"{self.kind}{stripe:04d}"),
-                                   os.O_RDWR | os.O_CREAT)
+                    fd = open_file(
+                        os.path.join(self.directory, f"{self.kind}{stripe:04d}"),
+                        os.O_RDWR | os.O_CREAT,
+                    )
                 except OSError:
                     continue  # a lock is an optimisation; correctness never depends on it
                 fcntl.flock(fd, fcntl.LOCK_EX)

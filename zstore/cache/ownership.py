@@ -20,7 +20,6 @@ its mode; reads go to the next tier or the origin.
 from __future__ import annotations
 
 import grp
-import json
 import os
 import pwd
 import stat
@@ -42,8 +41,9 @@ def describe(path: str) -> str:
         st = os.lstat(path)
     except OSError as e:
         return f"cannot be examined ({e.strerror})"
-    return (f"owner {_user(st.st_uid)}, group {_group(st.st_gid)}, "
-            f"mode {stat.S_IMODE(st.st_mode):04o}")
+    return (
+        f"owner {_user(st.st_uid)}, group {_group(st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}"
+    )
 
 
 def problem(path: str, gid: int | None) -> str | None:
@@ -70,9 +70,11 @@ def problem(path: str, gid: int | None) -> str | None:
     if gid != os.getegid() and gid not in os.getgroups():
         return f"is shared with group {_group(gid)}, which you are not in"
     if st.st_uid not in (os.geteuid(), 0) and not is_member(st.st_uid, gid):
-        return (f"belongs to {_user(st.st_uid)}, who is not in the shared group "
-                f"{_group(gid)} (a former member could have written anything there); "
-                "have the directory removed, or recreated by a member")
+        return (
+            f"belongs to {_user(st.st_uid)}, who is not in the shared group "
+            f"{_group(gid)} (a former member could have written anything there); "
+            "have the directory removed, or recreated by a member"
+        )
     return None
 
 
@@ -112,43 +114,6 @@ def make_dir(path: str, gid: int | None = None) -> str | None:
     except OSError as e:
         return f"cannot be created ({e.strerror})"
     return problem(path, gid)
-
-
-def open_file(path: str, flags: int) -> int:
-    """``os.open`` for a file in a tier directory, ``0600`` (``0660`` where the directory
-    is shared with a group) whatever the umask."""
-    mode = PRIVATE_FILE if shared_gid(os.path.dirname(path)) is None else GROUP_FILE
-    fd = os.open(path, flags, mode)
-    if flags & os.O_CREAT:
-        try:
-            os.fchmod(fd, mode)
-        except OSError:
-            pass  # not ours: a shared file another member created
-    return fd
-
-
-def fix_file(path: str) -> None:
-    """Give a file created by a library (SQLite, diskcache) the tier's file mode."""
-    mode = PRIVATE_FILE if shared_gid(os.path.dirname(path)) is None else GROUP_FILE
-    try:
-        if stat.S_IMODE(os.stat(path).st_mode) != mode:
-            os.chmod(path, mode)
-    except OSError:
-        pass
-
-
-def write_json(path: str, data: object) -> bool:
-    """Write ``data`` to ``path`` in a tier directory atomically (temp file + rename), with
-    the tier's file mode; False when it could not be written (best effort: what callers
-    keep there is a record, never data)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with os.fdopen(open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-        return True
-    except OSError:
-        return False
 
 
 def _user(uid: int) -> str:

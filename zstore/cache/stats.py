@@ -13,16 +13,28 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache.ownership import fix_file, make_dir, open_file
+from zstore.cache.files import fix_file, open_file
+from zstore.cache.ownership import make_dir
 
 TIERS = ("ram", "ssd")
-TIER_FIELDS = ("hits", "misses", "hit_bytes", "fills", "fill_bytes", "evictions",
-               "bypassed", "corrupt", "errors")
+TIER_FIELDS = (
+    "hits",
+    "misses",
+    "hit_bytes",
+    "fills",
+    "fill_bytes",
+    "evictions",
+    "bypassed",
+    "corrupt",
+    "errors",
+)
 #: Added later: kept after the first fields so counter files keep their slots.
 LATER_TIER_FIELDS = ("rejected",)
-FIELDS = tuple(f"{t}_{f}" for t in TIERS for f in TIER_FIELDS) + (
-    "origin_requests", "origin_bytes", "origin_errors") + tuple(
-    f"{t}_{f}" for t in TIERS for f in LATER_TIER_FIELDS)
+FIELDS = (
+    tuple(f"{t}_{f}" for t in TIERS for f in TIER_FIELDS)
+    + ("origin_requests", "origin_bytes", "origin_errors")
+    + tuple(f"{t}_{f}" for t in TIERS for f in LATER_TIER_FIELDS)
+)
 _INDEX = {name: i for i, name in enumerate(FIELDS)}
 _SLOTS = 64  # room to add counters without changing the file size
 
@@ -68,7 +80,7 @@ class Stats:
         return {"directory": self.directory}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["directory"])
+        type(self).__init__(self, state["directory"])
 
     def add(self, name: str, n: int = 1) -> None:
         self._open()[_INDEX[name]] += n
@@ -78,7 +90,7 @@ def _read(path: str) -> np.ndarray:
     counts = np.zeros(_SLOTS, dtype=np.int64)
     try:
         data = np.fromfile(path, dtype=np.int64)
-        counts[:min(_SLOTS, data.size)] = data[:_SLOTS]
+        counts[: min(_SLOTS, data.size)] = data[:_SLOTS]
     except (OSError, ValueError):
         pass
     return counts
@@ -154,11 +166,14 @@ def summarize(counts: dict[str, int], usage: dict[str, Any]) -> dict[str, Any]:
     """Group raw counters by tier and add hit rates and on-disk bytes."""
     out: dict[str, Any] = {}
     for tier in TIERS:
-        t = {f: counts[f"{tier}_{f}"] for f in TIER_FIELDS + LATER_TIER_FIELDS}
+        t: dict[str, Any] = {f: counts[f"{tier}_{f}"] for f in TIER_FIELDS + LATER_TIER_FIELDS}
         looked = t["hits"] + t["misses"]
         t["hit_rate"] = round(t["hits"] / looked, 4) if looked else 0.0
         t.update(usage.get(tier, {}))
         out[tier] = t
-    out["origin"] = {"requests": counts["origin_requests"], "bytes": counts["origin_bytes"],
-                     "errors": counts["origin_errors"]}
+    out["origin"] = {
+        "requests": counts["origin_requests"],
+        "bytes": counts["origin_bytes"],
+        "errors": counts["origin_errors"],
+    }
     return out

@@ -8,8 +8,8 @@ index files (eviction runs *before* an insert, in the same transaction), page
 rounding of sizes, a sweep of files left by killed writers, and graceful
 degradation: any failure of the tier warns once and reads fall through.
 
-Who gives way in a full tier is :mod:`zstore.cache.room`; where a tier may live,
-:mod:`zstore.cache.place`; the directory's upkeep, :mod:`zstore.cache.upkeep`.
+Who gives way in a full tier is :mod:`zstore.cache.space`; where a tier may live,
+:mod:`zstore.cache.location`; the directory's upkeep, :mod:`zstore.cache.upkeep`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ from typing import Any
 import diskcache
 import numpy as np
 
-from zstore.cache import upkeep
+import zstore.cache.upkeep as upkeep
 from zstore.cache.evictions import EvictionLog
-from zstore.cache.ownership import describe, fix_file, make_dir
-from zstore.cache.place import network_fs_type, refusal
-from zstore.cache.room import Refused, Room, rounded
+from zstore.cache.files import fix_file
+from zstore.cache.location import refusal
+from zstore.cache.ownership import describe, make_dir
+from zstore.cache.space import Refused, Room, rounded
 from zstore.cache.stats import Stats
 from zstore.cache.value import Checked, Parts, header, open_value
+from zstore.urls import network_fs_type
+
 
 class _Disk(diskcache.Disk):
     """diskcache's Disk with page-rounded sizes, one level of 256 subdirectories, and
@@ -37,8 +40,9 @@ class _Disk(diskcache.Disk):
     last_path: str | None = None
     _made: set[str] | None = None
 
-    def filename(self, key: Any = diskcache.core.UNKNOWN,
-                 value: Any = diskcache.core.UNKNOWN) -> tuple[str, str]:
+    def filename(
+        self, key: Any = diskcache.core.UNKNOWN, value: Any = diskcache.core.UNKNOWN
+    ) -> tuple[str, str]:
         name = os.urandom(16).hex()
         filename = os.path.join(name[:2], name[2:] + ".val")
         if self._made is None:
@@ -64,8 +68,16 @@ class Tier:
     (connections are reopened in a new process), pickles as its settings.
     """
 
-    def __init__(self, name: str, directory: str, budget: int, stats: Stats,
-                 admission: bool = False, gid: int | None = None, record: bool = False):
+    def __init__(
+        self,
+        name: str,
+        directory: str,
+        budget: int,
+        stats: Stats,
+        admission: bool = False,
+        gid: int | None = None,
+        record: bool = False,
+    ):
         self.name = name
         self.record = record  # write the budget where `zstore cache stats` finds it
         self.gid = gid  # shared with this group (opt-in), else private to this user
@@ -81,19 +93,28 @@ class Tier:
         self._warned: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "directory": self.directory, "budget": self.budget,
-                "stats": self.stats, "admission": self.admission, "gid": self.gid,
-                "record": self.record}
+        return {
+            "name": self.name,
+            "directory": self.directory,
+            "budget": self.budget,
+            "stats": self.stats,
+            "admission": self.admission,
+            "gid": self.gid,
+            "record": self.record,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
     def _warn(self, what: str, exc: BaseException | str) -> None:
         self.stats.add(f"{self.name}_errors")
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(f"zstore {self.name} tier at {self.directory}: {what} ({exc}); "
-                          "reading through to the next tier or the origin", stacklevel=3)
+            warnings.warn(
+                f"zstore {self.name} tier at {self.directory}: {what} ({exc}); "
+                "reading through to the next tier or the origin",
+                stacklevel=3,
+            )
 
     def _open(self) -> diskcache.Cache | None:
         if self._pid == os.getpid():
@@ -101,9 +122,11 @@ class Tier:
         self._pid, self._cache, self._warned = os.getpid(), None, set()
         fstype = network_fs_type(self.directory)
         if fstype:
-            self._warn("disabled: the directory is on a network file system "
-                       f"({fstype}); SQLite locking is unsafe there, use local disk or tmpfs",
-                       fstype)
+            self._warn(
+                "disabled: the directory is on a network file system "
+                f"({fstype}); SQLite locking is unsafe there, use local disk or tmpfs",
+                fstype,
+            )
             return None
         unsafe = refusal(self.directory, self.gid)
         if unsafe:
@@ -111,10 +134,17 @@ class Tier:
             return None
         try:
             self._cache = diskcache.Cache(
-                self.directory, disk=_Disk, size_limit=2**62, cull_limit=0,
-                eviction_policy="least-recently-stored", disk_min_file_size=0,
-                statistics=0, sqlite_wal_autocheckpoint=64, sqlite_mmap_size=0,
-                sqlite_cache_size=256)
+                self.directory,
+                disk=_Disk,
+                size_limit=2**62,
+                cull_limit=0,
+                eviction_policy="least-recently-stored",
+                disk_min_file_size=0,
+                statistics=0,
+                sqlite_wal_autocheckpoint=64,
+                sqlite_mmap_size=0,
+                sqlite_cache_size=256,
+            )
         except Exception as e:  # read-only, missing or full directory: run without the tier
             self._warn("cannot be opened", e)
             self._cache = None
@@ -142,8 +172,7 @@ class Tier:
         found = self._lookup(key, count_miss=count_miss, mapped=False)
         return None if found is None else found[0].payload
 
-    def get_many(self, keys: list[str], *, count_miss: bool = True
-                 ) -> list[memoryview | None]:
+    def get_many(self, keys: list[str], *, count_miss: bool = True) -> list[memoryview | None]:
         """Payloads for ``keys`` (None where missing or bad): one index query for all of
         them, then one read per value -- a window's ~20 chunks cost one SQLite round."""
         cache = self._open()
@@ -155,10 +184,12 @@ class Tier:
         files: dict[str, str] = {}
         try:
             for start in range(0, len(keys), 500):  # SQLite's bound-parameter limit
-                part = keys[start:start + 500]
+                part = keys[start : start + 500]
                 rows = cache._sql(
                     "SELECT key, filename FROM Cache WHERE raw = 1 AND key IN (%s)"
-                    % ",".join("?" * len(part)), part).fetchall()
+                    % ",".join("?" * len(part)),
+                    part,
+                ).fetchall()
                 files.update({k: f for k, f in rows if f})
         except Exception as e:
             self._warn("read failed", e)
@@ -193,8 +224,7 @@ class Tier:
             self.stats.add(f"{self.name}_hit_bytes", hit_bytes)
         return out
 
-    def get_mapped(self, key: str, *, count_miss: bool = True
-                   ) -> tuple[Checked, str, int] | None:
+    def get_mapped(self, key: str, *, count_miss: bool = True) -> tuple[Checked, str, int] | None:
         """Map ``key``'s value read-only: (checked payload, file path, inode), or None.
 
         A blocked value's payload is checked lazily, by ``Checked.verify``, for the bytes
@@ -202,8 +232,9 @@ class Tier:
         """
         return self._lookup(key, count_miss=count_miss, mapped=True)
 
-    def _lookup(self, key: str, *, count_miss: bool, mapped: bool
-                ) -> tuple[Checked, str, int] | None:
+    def _lookup(
+        self, key: str, *, count_miss: bool, mapped: bool
+    ) -> tuple[Checked, str, int] | None:
         """Open ``key``'s value, read (or, ``mapped``, memory-mapped) and checked: whole
         when read, lazily for blocked values when mapped."""
         cache = self._open()
@@ -221,8 +252,11 @@ class Tier:
             with handle:
                 if mapped:
                     st = os.fstat(handle.fileno())
-                    value: Any = mmap.mmap(handle.fileno(), st.st_size,
-                                           access=mmap.ACCESS_READ) if st.st_size else b""
+                    value: Any = (
+                        mmap.mmap(handle.fileno(), st.st_size, access=mmap.ACCESS_READ)
+                        if st.st_size
+                        else b""
+                    )
                     ino = st.st_ino
                 else:
                     value = handle.read()
@@ -231,7 +265,8 @@ class Tier:
             return None
         checked = open_value(value)
         if checked is None or not (mapped or checked.verify(0, len(checked.payload))):
-            return self._corrupt(cache, key, ino=ino)
+            self._corrupt(cache, key, ino=ino)
+            return None
         self.stats.add(f"{self.name}_hits")
         self.stats.add(f"{self.name}_hit_bytes", len(checked.payload))
         return checked, handle.name, ino
@@ -259,8 +294,9 @@ class Tier:
         except Exception:
             return 0
 
-    def _corrupt(self, cache: diskcache.Cache, key: str, *, count_miss: bool = True,
-                 ino: int = 0) -> None:
+    def _corrupt(
+        self, cache: diskcache.Cache, key: str, *, count_miss: bool = True, ino: int = 0
+    ) -> None:
         self.stats.add(f"{self.name}_corrupt")
         if count_miss:  # a value found bad on lookup is a miss; one dropped later was a hit
             self.stats.add(f"{self.name}_misses")
@@ -290,7 +326,7 @@ class Tier:
     def admits_as(self, key: str, nbytes: int, *, blocked: bool = False) -> str | None:
         """How :meth:`put` would store a value of ``nbytes`` under ``key`` now: ``"room"``
         (it fits in the free room), ``"displace"`` (admission lets it displace resident
-        values), or None (refused; see :mod:`zstore.cache.room`)."""
+        values), or None (refused; see :mod:`zstore.cache.space`)."""
         if not self.fits(nbytes, blocked=blocked):
             return None
         cache = self._open()
@@ -309,8 +345,9 @@ class Tier:
         """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""
         return self.room.fits(nbytes, blocked=blocked)
 
-    def put(self, key: str, payload: bytes | memoryview | np.ndarray, *,
-            blocked: bool = False) -> bool:
+    def put(
+        self, key: str, payload: bytes | memoryview | np.ndarray, *, blocked: bool = False
+    ) -> bool:
         """Store ``payload`` under ``key``, evicting the oldest values first to stay in budget.
 
         ``blocked`` stores a crc32c per 128 KiB block, for values mapped and read in parts.
@@ -319,7 +356,7 @@ class Tier:
         if cache is None:
             return False
         if isinstance(payload, np.ndarray):
-            payload = memoryview(np.ascontiguousarray(payload)).cast("B")
+            payload = np.ascontiguousarray(payload).data.cast("B")
         if not self.fits(len(payload), blocked=blocked):
             self.stats.add(f"{self.name}_bypassed")
             return False
@@ -350,15 +387,18 @@ class Tier:
         self.stats.add(f"{self.name}_fill_bytes", len(head) + len(payload))
         return True
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         """Bytes the tier occupies on disk (values, index, WAL) and its entry count."""
         cache = self._open()
         recorded = self.recorded_budget()
-        return {"bytes_on_disk": upkeep.bytes_on_disk(self.directory),
-                "entries": len(cache) if cache is not None else 0,
-                "budget": recorded if recorded is not None else self.budget,
-                "budget_of": "the job" if recorded is not None else "these settings",
-                "directory": self.directory, "ownership": describe(self.directory)}
+        return {
+            "bytes_on_disk": upkeep.bytes_on_disk(self.directory),
+            "entries": len(cache) if cache is not None else 0,
+            "budget": recorded if recorded is not None else self.budget,
+            "budget_of": "the job" if recorded is not None else "these settings",
+            "directory": self.directory,
+            "ownership": describe(self.directory),
+        }
 
     def clear(self) -> None:
         cache = self._open()

@@ -9,7 +9,7 @@ import time
 
 import diskcache
 
-from zstore.cache.ownership import open_file, write_json
+from zstore.cache.files import open_file, write_json
 
 BUDGET_FILE = "budget.json"
 SWEEP_EVERY = 600.0  # seconds between sweeps of a tier directory
@@ -36,8 +36,7 @@ def recorded_budget(directory: str) -> int | None:
         return None
 
 
-def sweep_if_due(cache: diskcache.Cache | None, directory: str,
-                 every: float = SWEEP_EVERY) -> None:
+def sweep_if_due(cache: diskcache.Cache | None, directory: str, every: float = SWEEP_EVERY) -> None:
     """Sweep when the last sweep of ``directory`` (by any process) is ``every`` seconds old."""
     mark = os.path.join(directory, "swept")
     try:

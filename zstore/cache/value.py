@@ -36,8 +36,9 @@ def header(payload: bytes | memoryview, *, blocked: bool = False) -> bytes:
     if not blocked:
         head = HEADER.pack(MAGIC, 0, len(payload), crc32c(payload))
         return head + bytes(HEADER_SIZE - HEADER.size)
-    table = np.array([crc32c(payload[i:i + BLOCK]) for i in range(0, len(payload), BLOCK)],
-                     dtype="<u4").tobytes()
+    table = np.array(
+        [crc32c(payload[i : i + BLOCK]) for i in range(0, len(payload), BLOCK)], dtype="<u4"
+    ).tobytes()
     head = HEADER.pack(MAGIC, BLOCKED, len(payload), crc32c(table))
     start = HEADER_SIZE + len(table)
     return head + bytes(HEADER_SIZE - HEADER.size) + table + bytes(_align(start) - start)
@@ -50,7 +51,7 @@ class Parts(io.RawIOBase):
     def __init__(self, *parts: bytes | memoryview):
         self._parts = [memoryview(p).cast("B") for p in parts if len(p)]
 
-    def read(self, n: int = -1) -> bytes | memoryview:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes | memoryview:
         if not self._parts:
             return b""
         part = self._parts[0]
@@ -81,7 +82,7 @@ class Checked:
             return True
         for b in range(first, last):
             if not done[b]:  # type: ignore[index]
-                if crc32c(self.payload[b * BLOCK:(b + 1) * BLOCK]) != self._table[b]:  # type: ignore
+                if crc32c(self.payload[b * BLOCK : (b + 1) * BLOCK]) != self._table[b]:  # type: ignore
                     return False
                 done[b] = True  # type: ignore[index]
         self.complete = bool(done.all())  # type: ignore[union-attr]
@@ -102,8 +103,8 @@ def open_value(value: Any) -> Checked | None:
             return None
         return Checked(payload, None)
     n = -(-length // BLOCK)
-    table_bytes = view[HEADER_SIZE:HEADER_SIZE + 4 * n]
-    payload = view[_align(HEADER_SIZE + 4 * n):]
+    table_bytes = view[HEADER_SIZE : HEADER_SIZE + 4 * n]
+    payload = view[_align(HEADER_SIZE + 4 * n) :]
     if len(table_bytes) != 4 * n or len(payload) != length or crc32c(table_bytes) != crc:
         return None
     return Checked(payload, np.frombuffer(table_bytes, dtype="<u4"))

@@ -1,0 +1,340 @@
+"""Data larger than the RAM budget: what ram_format="auto" picks, admission keeps a
+stable resident set under random access yet adapts to a new pattern, and windows read
+partly from resident decoded shards and partly from chunks are bit-identical."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import zarr
+from conftest import zstore_cli
+
+import zstore
+from zstore.cache.admission import FrequencySketch, admit, sketch_width
+from zstore.cache.ram_format import choose
+from zstore.cache.stats import Stats
+from zstore.cache.tier import Tier
+from zstore.format.layout import Span
+from zstore.read.reader import WindowReader
+
+GB = 10**9
+
+
+def resolved(tmp_path, ram_bytes, ssd_bytes, ram_format="auto"):
+    return zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes=ram_bytes,
+        ssd_dir=tmp_path / "ssd" if ssd_bytes else None,
+        ssd_bytes=ssd_bytes,
+        ram_format=ram_format,
+    ).resolved()
+
+
+@pytest.mark.parametrize(
+    "ram,ssd,expected",
+    [
+        (400 * GB, 200 * GB, "decoded"),  # the decoded data fits
+        (100 * GB, 200 * GB, "decoded"),  # a third fits decoded; the SSD tier has the store
+        (10 * GB, 200 * GB, "decoded"),
+        (200 * GB, 0, "encoded"),  # no SSD tier: the compressed store fits RAM
+        (200 * GB, 50 * GB, "encoded"),  # an SSD tier too small for the store
+        (100 * GB, 0, "decoded"),  # not even the compressed store fits: decoded share
+    ],
+)
+def test_auto_format_choice(tmp_path, ram, ssd, expected):
+    choice = choose(resolved(tmp_path, ram, ssd), decoded_bytes=300 * GB, stored_bytes=155 * GB)
+    assert choice.format == expected
+    assert "RAM budget" in choice.reason and choice.budget == ram
+
+
+def test_explicit_formats_are_kept(tmp_path):
+    for fmt in ("decoded", "encoded"):
+        choice = choose(resolved(tmp_path, 1 * GB, 0, fmt), 300 * GB, 155 * GB)
+        assert choice.format == fmt and "explicitly" in choice.reason
+
+
+def test_the_choice_is_recorded_for_cache_stats(small_store, tmp_path):
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="1MB", ssd_dir=tmp_path / "ssd", ssd_bytes="64MB"
+    )
+    reader = WindowReader(small_store, cache=cfg).open()
+    assert reader.format_choice.format == "decoded"
+    formats = zstore.cache_stats(cfg)["formats"]
+    assert formats[reader.manifest.store_id]["format"] == "decoded"
+    text = zstore_cli(
+        "cache",
+        "stats",
+        "--ram-dir",
+        str(tmp_path / "ram"),
+        "--ram-bytes",
+        "1MB",
+        "--ssd-dir",
+        str(tmp_path / "ssd"),
+    )
+    assert "RAM tier holds decoded data" in text.stdout and "fits" in text.stdout
+
+
+def test_admission_rule():
+    assert admit(1, [])  # nothing to displace
+    assert not admit(3, [1])  # about as popular: keep the resident value
+    assert admit(4, [1]) and admit(10, [4, 0]) and not admit(9, [4, 0])
+
+
+def test_sketch_is_shared_and_ages(tmp_path):
+    a = FrequencySketch(str(tmp_path), sketch_width(1 << 20))
+    b = FrequencySketch(str(tmp_path), sketch_width(1 << 20))  # as another process
+    for _ in range(5):
+        a.touch("k")
+    assert b.estimate("k") >= 5 and b.estimate("other") <= 1
+    b.set_period(4096)
+    for i in range(4096):
+        b.touch(f"noise{i}")
+    assert a.estimate("k") <= 3  # halved once the period was reached
+
+
+def _tier(tmp_path, budget):
+    return Tier("ram", str(tmp_path / "t"), budget, Stats(None), admission=True)
+
+
+def test_a_full_tier_keeps_its_resident_set_under_random_access(tmp_path):
+    tier = _tier(tmp_path, 4 * 2**20)
+    value = os.urandom(200_000)
+    keys = [f"k{i}" for i in range(60)]  # ~12 MB of values for a 4 MB tier
+    rng = np.random.default_rng(0)
+    for key in keys:  # the first pass fills the tier
+        if tier.get(key) is None:
+            tier.put(key, value)
+    resident = {k for k in keys if tier.get(k, count_miss=False) is not None}
+    assert 8 <= len(resident) < 20
+    evictions = 0
+    for key in map(str, rng.choice(keys, 600)):  # uniform random access, like random windows
+        if tier.get(key) is None:
+            before = len(tier._open())
+            tier.put(key, value)
+            evictions += before >= len(tier._open())
+    now = {k for k in keys if tier.get(k, count_miss=False) is not None}
+    assert len(now & resident) >= 0.8 * len(resident)  # stable, not churned
+    assert tier.usage()["bytes_on_disk"] <= 4 * 2**20
+
+
+def test_a_changed_pattern_wins_its_place(tmp_path):
+    tier = _tier(tmp_path, 4 * 2**20)
+    value = os.urandom(200_000)
+    old = [f"old{i}" for i in range(40)]
+    for key in old:
+        if tier.get(key) is None:
+            tier.put(key, value)
+    new = [f"new{i}" for i in range(8)]  # a new subset, read again and again
+    for _ in range(12):
+        for key in new:
+            if tier.get(key) is None:
+                tier.put(key, value)
+    assert sum(tier.get(k, count_miss=False) is not None for k in new) == len(new)
+
+
+@pytest.mark.parametrize("ram_format", ["auto", "encoded"])
+def test_windows_beyond_the_budget_are_bit_identical(small_store, tmp_path, ram_format):
+    """A RAM tier of a fraction of the decoded data: some windows come from resident
+    decoded shards, some from chunks (SSD tier), some span both; all equal the origin."""
+    root = zarr.open_group(small_store, mode="r")
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="3MB",
+        ram_format=ram_format,
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="64MB",
+    )
+    reader = WindowReader(small_store, cache=cfg)
+    items = sorted(root.group_keys())
+    rng = np.random.default_rng(1)
+    for _ in range(4):  # epochs
+        for item in rng.permutation(items):
+            n = root[f"{item}/act"].shape[-1]
+            a = int(rng.integers(0, max(1, n - 150)))
+            b = min(n, a + 150)
+            got = reader.read(item, {"wav": Span(a * 160, b * 160), "act": Span(a, b)})
+            np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, a * 160 : b * 160])
+            np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, a:b])
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["bytes_on_disk"] <= 3_000_000
+    assert stats["ram"]["rejected"] + stats["ram"]["evictions"] > 0  # it really was full
+    assert stats["ram"]["hits"] > 0 and stats["ssd"]["hits"] > 0
+
+
+def test_corrupt_chunks_behind_a_full_ram_tier_are_refetched(small_store, tmp_path):
+    root = zarr.open_group(small_store, mode="r")
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="1MB", ssd_dir=tmp_path / "ssd", ssd_bytes="64MB"
+    )
+    reader = WindowReader(small_store, cache=cfg)
+    item = sorted(root.group_keys())[3]
+    span = {"wav": Span(16000, 48000)}
+    reader.read(item, span)
+    for dirpath, _, files in os.walk(tmp_path / "ssd"):  # flip a byte in every value
+        for name in files:
+            if name.endswith(".val"):
+                path = os.path.join(dirpath, name)
+                data = bytearray(open(path, "rb").read())
+                data[-1] ^= 0xFF
+                open(path, "wb").write(bytes(data))
+    again = WindowReader(small_store, cache=cfg).read(item, span)["wav"]
+    np.testing.assert_array_equal(again, root[f"{item}/wav"][:, 16000:48000])
+    assert zstore.cache_stats(cfg)["ssd"]["corrupt"] > 0
+
+
+@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
+def test_corrupt_shards_in_ram_are_dropped_and_rebuilt(small_store, tmp_path, ram_format):
+    root = zarr.open_group(small_store, mode="r")
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="64MB",
+        ram_format=ram_format,
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="64MB",
+    )
+    item = sorted(root.group_keys())[2]
+    spans = {"wav": Span(8000, 40000), "act": Span(50, 250)}
+    WindowReader(small_store, cache=cfg).read(item, spans)
+    flipped = 0
+    for dirpath, _, files in os.walk(tmp_path / "ram"):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if name.endswith(".val") and os.path.getsize(path) > 8192:
+                data = bytearray(open(path, "rb").read())
+                for i in range(4096, len(data), 4096):  # every block of the payload
+                    data[i] ^= 0xFF
+                open(path, "wb").write(bytes(data))
+                flipped += 1
+    assert flipped
+    got = WindowReader(small_store, cache=cfg).read(item, spans)  # a fresh process's maps
+    np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, 8000:40000])
+    np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, 50:250])
+    assert zstore.cache_stats(cfg)["ram"]["corrupt"] > 0
+
+
+def test_encoded_ram_hits_are_one_lookup_per_shard_per_process(small_store, tmp_path):
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="64MB",
+        ram_format="encoded",
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="64MB",
+    )
+    root = zarr.open_group(small_store, mode="r")
+    item = sorted(root.group_keys())[4]
+    reader = WindowReader(small_store, cache=cfg)
+    spans = {"wav": Span(16000, 64000), "act": Span(100, 400)}
+    reader.read(item, spans)  # builds the encoded shards
+    reader.read(item, spans)  # maps them
+    before = zstore.cache_stats(cfg)
+    for _ in range(5):
+        got = reader.read(item, spans)
+    after = zstore.cache_stats(cfg)
+    np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, 16000:64000])
+    assert after["ssd"]["hits"] == before["ssd"]["hits"]  # no per-chunk lookups at all
+    assert after["ram"]["misses"] == before["ram"]["misses"]
+    assert after["ram"]["hits"] - before["ram"]["hits"] == 5 * 2  # one per shard per read
+
+
+SPANS = {"act": Span(0, 100), "wav": Span(0, 16000)}
+
+
+def full_decoded_tier(store, tmp_path):
+    """A reader whose decoded RAM tier (3 MB) is filled by one read of every item but
+    the last; the origin's group, the config, the reader and the items."""
+    root = zarr.open_group(store, mode="r")
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="3MB",
+        ram_format="decoded",
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="64MB",
+    )
+    reader = WindowReader(store, cache=cfg)
+    items = sorted(root.group_keys())
+    for item in items[:-1]:  # inline builds while there is room
+        got = reader.read(item, SPANS)
+        np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, :16000])
+        np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, :100])
+    return root, cfg, reader, items
+
+
+def test_a_shard_that_displaces_others_is_built_behind_the_reads(
+    small_store, tmp_path, monkeypatch
+):
+    """Once the RAM tier is full, a shard admission lets in is decoded into the tier by a
+    background thread: the read that admitted it returns at once, from the chunks, with
+    the right values, and once the build is done the shard's windows are RAM hits."""
+    from zstore.read.builds import BehindBuilds
+
+    submitted: list[str] = []
+    real_submit = BehindBuilds.submit
+
+    def submit(self, key, build):
+        submitted.append(key)
+        return real_submit(self, key, build)
+
+    monkeypatch.setattr(BehindBuilds, "submit", submit)
+    root, cfg, reader, items = full_decoded_tier(small_store, tmp_path)
+
+    def check(item):
+        got = reader.read(item, SPANS)
+        np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, :16000])
+        np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, :100])
+
+    assert not submitted
+    last = items[-1]
+    for _ in range(12):  # popular enough to displace residents
+        check(last)
+        assert reader.settle(timeout=120)
+        if submitted:
+            break
+    assert submitted and all(last in key for key in submitted)
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["evictions"] > 0 and stats["ram"]["bytes_on_disk"] <= 3_000_000
+    hits = stats["ram"]["hits"]
+    check(last)  # now from the shard built behind
+    assert zstore.cache_stats(cfg)["ram"]["hits"] > hits
+    assert not reader.form.behind.pending
+
+
+def test_a_failed_build_behind_the_reads_is_logged_and_reads_go_on(
+    small_store, tmp_path, monkeypatch
+):
+    import logging
+    import threading
+
+    from zstore.read.ram_shards import DecodedShards
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    real_fill = DecodedShards.fill
+
+    def broken(self, todo, need, raw):  # builds behind the reads fail; inline ones work
+        if threading.current_thread().name.startswith("zstore-build"):
+            raise OSError("disk full (simulated)")
+        return real_fill(self, todo, need, raw)
+
+    root, _, reader, items = full_decoded_tier(small_store, tmp_path)
+    monkeypatch.setattr(DecodedShards, "fill", broken)
+    records = Records()
+    logging.getLogger("zstore").addHandler(records)
+    try:
+        for _ in range(12):
+            got = reader.read(items[-1], SPANS)
+            np.testing.assert_array_equal(got["wav"], root[f"{items[-1]}/wav"][:, :16000])
+            assert reader.settle(timeout=120)
+            if records.messages:
+                break
+    finally:
+        logging.getLogger("zstore").removeHandler(records)
+    assert any("disk full (simulated)" in m and items[-1] in m for m in records.messages)
+    assert not reader.form.behind.pending

@@ -1,0 +1,280 @@
+"""The cache tiers: budget, integrity, concurrency and every failure degrading to the origin."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import workers
+from conftest import PYTHON, spawn_all, subprocess_env
+
+import zstore
+from zstore.cache import TieredCache, cache_stats, clear_cache
+from zstore.cache.stats import Stats
+from zstore.cache.tier import Tier
+from zstore.cache.value import HEADER_SIZE
+
+
+def values(n: int, size: int) -> dict[str, bytes]:
+    return {f"k{i}": os.urandom(size) for i in range(n)}
+
+
+def make_cache(tmp_path: Path, ram="4MB", ssd="8MB", **kw) -> TieredCache:
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes=ram, ssd_dir=tmp_path / "ssd", ssd_bytes=ssd, **kw
+    )
+    return TieredCache(cfg.resolved(), "store-1")
+
+
+def test_get_put_and_miss(tmp_path):
+    tier = Tier("ram", str(tmp_path / "t"), 2**24, Stats(None))
+    assert tier.get("a") is None
+    assert tier.put("a", b"hello")
+    assert tier.get("a") == b"hello"
+
+
+def test_bytes_on_disk_stay_within_budget(tmp_path):
+    budget = 3 * 2**20
+    tier = Tier("ram", str(tmp_path / "t"), budget, Stats(str(tmp_path / "stats")))
+    for key, value in values(60, 150_000).items():
+        assert tier.put(key, value)
+        assert tier.usage()["bytes_on_disk"] <= budget
+    usage = tier.usage()
+    assert usage["entries"] >= 10  # the budget is used, not wasted
+    counts = zstore.cache.stats.read_stats(str(tmp_path / "stats"))
+    assert counts["ram_evictions"] == 60 - usage["entries"]
+
+
+def test_evictions_are_logged_after_their_files_are_gone(tmp_path):
+    # A reader whose SQLite snapshot predates an eviction can still open the evicted file
+    # until it is unlinked; it unmaps it when it finds the inode in the eviction log, so
+    # the log may only advance once the files are gone (else the map outlives the budget).
+    directory = tmp_path / "t"
+    tier = Tier("ram", str(directory), 3 * 2**20, Stats(str(tmp_path / "stats")))
+    logged: list[int] = []
+    record = tier.evictions.record
+
+    def record_checked(inodes: list[int]) -> None:
+        alive = {p.stat().st_ino for p in directory.rglob("*.val")}
+        assert not alive & set(inodes), "eviction logged before its file was unlinked"
+        logged.extend(inodes)
+        record(inodes)
+
+    tier.evictions.record = record_checked  # type: ignore[method-assign]
+    for key, value in values(40, 150_000).items():
+        assert tier.put(key, value)
+    counts = zstore.cache.stats.read_stats(str(tmp_path / "stats"))
+    assert counts["ram_evictions"] > 0 and len(logged) == counts["ram_evictions"]
+    assert tier.evictions.since(0) == (len(logged), logged)
+
+
+def test_value_larger_than_budget_bypasses(tmp_path):
+    # A tier's index (SQLite db, -wal, -shm) needs ~0.1-0.4 MiB, so 1 MiB is about the
+    # smallest useful budget; a value larger than the budget skips the tier entirely.
+    cache = make_cache(tmp_path, ram="1MB", ssd="1MB")
+    big = os.urandom(1_500_000)
+    assert cache.get("big", lambda: big) == big
+    assert cache.get("big", lambda: big) == big
+    assert cache.ram.get(cache.key("big")) is None and cache.ssd.get(cache.key("big")) is None
+    for tier in (cache.ram, cache.ssd):
+        assert tier.usage()["bytes_on_disk"] <= 1_000_000
+    counts = zstore.cache.stats.read_stats(str(tmp_path / "ram" / "stats"))
+    assert counts["ram_bypassed"] == 2 and counts["ssd_bypassed"] == 2
+
+
+def test_ssd_hit_is_promoted_to_ram(tmp_path):
+    cache = make_cache(tmp_path)
+    cache.fill("x", b"data", ram=False)
+    assert cache.ram.get(cache.key("x")) is None
+    assert cache.lookup("x") == b"data"
+    assert cache.ram.get(cache.key("x")) == b"data"
+
+
+def test_namespaces_never_mix(tmp_path):
+    a, b = make_cache(tmp_path), make_cache(tmp_path)
+    b.namespace = "store-2"
+    a.fill("k", b"from store 1")
+    assert b.lookup("k") is None
+
+
+def test_corrupted_values_are_dropped_and_fetched_again(tmp_path):
+    cache = make_cache(tmp_path)
+    data = values(5, 50_000)
+    for k, v in data.items():
+        cache.get(k, lambda v=v: v)
+    for root in (tmp_path / "ram", tmp_path / "ssd"):
+        for f in root.rglob("*.val"):
+            raw = bytearray(f.read_bytes())
+            raw[HEADER_SIZE + 10] ^= 0x55
+            f.write_bytes(bytes(raw))
+    fetched = []
+    for k, v in data.items():
+        assert cache.get(k, lambda k=k, v=v: fetched.append(k) or v) == v
+    assert sorted(fetched) == sorted(data)  # every corrupt value went back to the origin
+    counts = zstore.cache.stats.read_stats(str(tmp_path / "ram" / "stats"))
+    assert counts["ram_corrupt"] == 5 and counts["ssd_corrupt"] == 5
+    for k, v in data.items():
+        assert cache.get(k, lambda: b"wrong") == v  # refilled with good values
+
+
+def test_truncated_value_file_is_a_miss(tmp_path):
+    tier = Tier("ssd", str(tmp_path / "t"), 2**24, Stats(None))
+    tier.put("k", b"x" * 10_000)
+    f = next((tmp_path / "t").rglob("*.val"))
+    f.write_bytes(f.read_bytes()[:5000])
+    assert tier.get("k") is None and tier.get("k") is None
+
+
+def test_killed_writer_leaves_nothing_visible(tmp_path):
+    tier_dir, ready = tmp_path / "t", tmp_path / "ready"
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            f"import sys, workers; workers.write_then_hang({str(tier_dir)!r}, {str(ready)!r})",
+        ],
+        env={
+            **subprocess_env(),
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).parent.parent), subprocess_env()["PYTHONPATH"]]
+            ),
+        },
+    )
+    try:
+        while not ready.exists() or not ready.read_text():
+            try:
+                proc.wait(timeout=0.02)
+                pytest.fail(f"writer exited early with {proc.returncode}")
+            except subprocess.TimeoutExpired:
+                pass
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    partial = Path(ready.read_text())
+    assert partial.exists()  # the half-written file is there ...
+    tier = Tier("ram", str(tier_dir), 64 * 2**20, Stats(None))
+    assert tier.get("victim") is None  # ... but never visible as a value
+    assert tier.put("after", b"ok") and tier.get("after") == b"ok"  # no lock left behind
+    assert tier.sweep(min_age=0) == 1 and not partial.exists()
+
+
+def test_processes_filling_one_key_never_tear_it(tmp_path):
+    bad = spawn_all(
+        workers.fill_same_key,
+        4,
+        lambda rank, barrier, queue: (str(tmp_path / "t"), 2**20, barrier, 40, queue),
+    )
+    assert bad == [0, 0, 0, 0]
+    assert Tier("ram", str(tmp_path / "t"), 2**20, Stats(None)).usage()["bytes_on_disk"] <= 2**20
+
+
+def test_deleted_cache_directory_while_reading(tmp_path):
+    cache = make_cache(tmp_path)
+    data = values(8, 40_000)
+    for k, v in data.items():
+        assert cache.get(k, lambda v=v: v) == v
+    shutil.rmtree(tmp_path / "ram")
+    shutil.rmtree(tmp_path / "ssd")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            for k, v in data.items():
+                assert cache.get(k, lambda v=v: v) == v
+
+
+def test_network_file_system_disables_the_tier(tmp_path, monkeypatch):
+    monkeypatch.setattr("zstore.urls.filesystem_type", lambda path: "nfs4")
+    cache = make_cache(tmp_path)
+    with pytest.warns(UserWarning, match="network file system"):
+        assert cache.get("k", lambda: b"v") == b"v"
+    assert cache.get("k", lambda: b"v2") == b"v2"  # nothing cached, origin read again
+
+
+def _mount_tmpfs(path: Path, size: str, ro: bool = False) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size},mode=0700" + (",ro" if ro else "")  # a tmpfs is 1777 by default
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (mount needs root, which CI has); else a size-limited file via rlimit."""
+    path = tmp_path / "tiny"
+    mounted = os.geteuid() == 0 and _mount_tmpfs(path, "1m")
+    yield path, mounted
+    if mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_tmpfs_degrades_to_the_origin(tiny_tmpfs, tmp_path):
+    path, mounted = tiny_tmpfs
+    if not mounted:  # without root: the same failure through RLIMIT_FSIZE in a child
+        code = (
+            "import resource, signal, os; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000));"
+            "from zstore.cache import TieredCache; import zstore, warnings;"
+            f"c = TieredCache(zstore.CacheConfig(ram_dir={str(path)!r}, ram_bytes='64MB',"
+            "ssd_dir=None).resolved(), 'n');"
+            "vals = [os.urandom(300_000) for _ in range(5)];"
+            "assert all(c.get(f'k{i}', lambda v=v: v) == v for i, v in enumerate(vals))"
+        )
+        subprocess.run([PYTHON, "-c", code], env=subprocess_env(), check=True, timeout=300)
+        return
+    cfg = zstore.CacheConfig(ram_dir=path, ram_bytes="64MB", ssd_dir=None)
+    cache = TieredCache(cfg.resolved(), "n")
+    data = values(8, 300_000)
+    with pytest.warns(UserWarning, match="write failed"):
+        for k, v in data.items():
+            assert cache.get(k, lambda v=v: v) == v
+    for k, v in data.items():
+        assert cache.get(k, lambda v=v: v) == v
+
+
+def test_read_only_cache_directory(tmp_path):
+    ro = tmp_path / "ro"
+    if os.geteuid() == 0 and _mount_tmpfs(ro, "1m", ro=True):
+        try:
+            cache = TieredCache(
+                zstore.CacheConfig(ram_dir=ro, ram_bytes="1MB", ssd_dir=None).resolved(), "n"
+            )
+            with pytest.warns(UserWarning, match="cannot be opened"):
+                assert cache.get("k", lambda: b"v") == b"v"
+        finally:
+            subprocess.run(["umount", "-l", str(ro)], check=False)
+    else:
+        ro.mkdir()
+        ro.chmod(0o500)
+        cache = TieredCache(
+            zstore.CacheConfig(ram_dir=ro, ram_bytes="1MB", ssd_dir=None).resolved(), "n"
+        )
+        with pytest.warns(UserWarning, match="cannot be opened"):
+            assert cache.get("k", lambda: b"v") == b"v"
+
+
+def test_stats_aggregate_over_processes_and_clear(tmp_path):
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="4MB", ssd_dir=None)
+    code = (
+        "import zstore; from zstore.cache import TieredCache;"
+        f"c = TieredCache(zstore.CacheConfig(ram_dir={str(tmp_path / 'ram')!r},"
+        "ram_bytes='4MB', ssd_dir=None).resolved(), 'n');"
+        "[c.get(f'k{i}', lambda: b'x' * 1000) for i in range(3)]"
+    )
+    for _ in range(2):
+        subprocess.run([PYTHON, "-c", code], env=subprocess_env(), check=True, timeout=300)
+    stats = cache_stats(cfg)
+    assert stats["ram"]["misses"] == 3 and stats["ram"]["hits"] == 3
+    assert stats["ram"]["fills"] == 3 and stats["ram"]["entries"] == 3
+    assert stats["ram"]["hit_rate"] == 0.5
+    clear_cache(cfg)
+    stats = cache_stats(cfg)
+    assert stats["ram"]["entries"] == 0 and stats["ram"]["hits"] == 0

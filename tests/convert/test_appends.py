@@ -1,0 +1,216 @@
+"""Appends are transactions: refused whole when they disagree with the store, reruns add
+nothing twice, a rerun after the source changed writes its items anew, and concurrent
+appends lose no item."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    PYTHON,
+    assert_one_line_error,
+    cli,
+    manifest_of,
+    spawn_all,
+    subprocess_env,
+    write_h5,
+)
+
+import zstore
+
+RATE = {"wav": 16000}
+
+
+def speech(seed: int, seconds: list[float], dtype=np.float32, mics: int = 1, prefix: str = "rec"):
+    rng = np.random.default_rng(seed)
+    return {
+        f"{prefix}{i}": {"wav": (rng.integers(-3000, 3000, (mics, int(s * 16000))).astype(dtype))}
+        for i, s in enumerate(seconds)
+    }
+
+
+def base_store(tmp_path: Path) -> Path:
+    src = write_h5(tmp_path / "base.h5", speech(1, [2.0, 3.0], prefix="base"))
+    dst = tmp_path / "s.zarr"
+    zstore.convert(src, dst, rates=RATE, workers=1, progress=False)
+    return dst
+
+
+def snapshot(dst: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+
+
+def whole(dst: Path, item: str) -> np.ndarray:
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False, items=[item])
+    return ds[0]["wav"].numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.float64, np.int16])
+def test_an_append_of_another_dtype_is_refused_and_the_store_unchanged(tmp_path, dtype):
+    dst = base_store(tmp_path)
+    before = snapshot(dst)
+    new = write_h5(
+        tmp_path / "new.h5", {"x": {"wav": np.array([[206, 2226, 2693] * 9000], dtype=dtype)}}
+    )
+    proc = cli("convert", new, str(dst), "--append", "--no-progress")
+    assert_one_line_error(proc, "'x/wav'", np.dtype(dtype).name, "float32", "nothing was written")
+    assert snapshot(dst) == before
+
+
+def test_an_append_with_another_number_of_dimensions_is_refused(tmp_path):
+    dst = base_store(tmp_path)
+    before = snapshot(dst)
+    new = write_h5(tmp_path / "new.h5", {"x": {"wav": np.zeros((1, 32000, 2), np.float32)}})
+    proc = cli("convert", new, str(dst), "--append", "--no-progress")
+    assert_one_line_error(proc, "'x/wav'", "(1, 32000, 2)", "2 in")
+    assert snapshot(dst) == before
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--codec", "zstd"],
+        ["--rate", "wav=8000"],
+        ["--chunk-seconds", "2"],
+        ["--time-axis", "wav=0"],
+    ],
+)
+def test_append_options_other_than_the_stores_are_refused(tmp_path, option):
+    dst = base_store(tmp_path)
+    before = snapshot(dst)
+    new = write_h5(tmp_path / "new.h5", speech(2, [1.0]))
+    proc = cli("convert", new, str(dst), "--append", "--no-progress", *option)
+    assert_one_line_error(proc, option[0], "the store has")
+    assert snapshot(dst) == before
+    same = cli(
+        "convert",
+        new,
+        str(dst),
+        "--append",
+        "--no-progress",
+        "--codec",
+        "lz4",
+        "--rate",
+        "wav=16000",
+    )  # stating the store's own options is fine
+    assert same.returncode == 0, same.stderr
+
+
+def test_a_rerun_of_a_finished_append_adds_nothing_and_says_so(tmp_path):
+    dst = base_store(tmp_path)
+    new = write_h5(tmp_path / "new.h5", speech(2, [1.0, 1.5]))
+    first = cli("convert", new, str(dst), "--append", "--no-progress")
+    assert first.returncode == 0, first.stderr
+    items = list(manifest_of(dst).items)
+    assert len(items) == 4
+    before = snapshot(dst)
+    again = cli("convert", new, str(dst), "--append", "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert "already in the store" in again.stdout and "new.h5" in again.stdout
+    assert list(manifest_of(dst).items) == items and snapshot(dst) == before
+    later = write_h5(tmp_path / "later.h5", speech(3, [1.0]))  # a new file with a seen one
+    mixed = zstore.append([new, later], dst, workers=1, progress=False)
+    assert mixed.converted == 1 and mixed.already_in_store == [new]
+    assert len(manifest_of(dst).items) == 5
+
+
+def test_an_append_of_a_file_changed_since_it_was_added_is_refused(tmp_path):
+    dst = base_store(tmp_path)
+    new = tmp_path / "new.h5"
+    write_h5(new, speech(2, [1.0]))
+    zstore.append(new, dst, workers=1, progress=False)
+    before = snapshot(dst)
+    write_h5(new, speech(9, [1.0, 2.0]))
+    proc = cli("convert", str(new), str(dst), "--append", "--no-progress")
+    assert_one_line_error(proc, "new.h5", "changed since", "nothing was written")
+    assert snapshot(dst) == before
+
+
+def test_a_killed_append_rerun_after_the_file_changed_writes_the_new_values(tmp_path, monkeypatch):
+    append_module = importlib.import_module("zstore.convert.append")
+
+    dst = base_store(tmp_path)
+    new = tmp_path / "new.h5"
+    write_h5(new, speech(2, [1.0, 1.5]))
+
+    def killed(*args, **kwargs):  # the items are written and marked; then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(append_module, "publish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        zstore.append(new, dst, workers=1, progress=False)
+    monkeypatch.undo()
+    assert len(manifest_of(dst).items) == 2  # nothing published
+    changed = speech(7, [1.0, 1.5])  # same shapes, other values
+    write_h5(new, changed)
+    report = zstore.append(new, dst, workers=1, progress=False, verify=True)
+    assert report.converted == 2  # the killed run's items are of another version
+    for name, arrays in changed.items():
+        assert np.array_equal(whole(dst, name), arrays["wav"])
+
+
+def test_a_killed_append_rerun_unchanged_keeps_what_it_wrote(tmp_path, monkeypatch):
+    append_module = importlib.import_module("zstore.convert.append")
+
+    dst = base_store(tmp_path)
+    new = write_h5(tmp_path / "new.h5", speech(2, [1.0, 1.5]))
+    monkeypatch.setattr(
+        append_module, "publish", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        zstore.append(new, dst, workers=1, progress=False)
+    monkeypatch.undo()
+    report = zstore.append(new, dst, workers=1, progress=False)
+    assert report.converted == 0 and len(manifest_of(dst).items) == 4
+
+
+def _append_one(rank, barrier, queue, dst, sources):
+    barrier.wait(timeout=300)  # every process starts its append at once
+    zstore.append(sources[rank], dst, workers=1, progress=False)
+    queue.put(rank)
+
+
+def test_concurrent_appends_lose_no_item(tmp_path):
+    dst = base_store(tmp_path)
+    sources = [
+        write_h5(
+            tmp_path / f"n{k}.h5",
+            {f"k{k}_{i}": a for i, a in enumerate(speech(10 + k, [1.0, 1.2]).values())},
+        )
+        for k in range(3)
+    ]
+    spawn_all(
+        _append_one, 3, lambda rank, barrier, queue: (rank, barrier, queue, str(dst), sources)
+    )
+    items = list(manifest_of(dst).items)  # the first to publish names items by group, the
+    assert len(items) == 8  # others by <file stem>/<group> (the store has several sources)
+    assert {n.rpartition("/")[2] for n in items} == {"base0", "base1"} | {
+        f"k{k}_{i}" for k in range(3) for i in range(2)
+    }
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False)
+    assert len(ds) == 8 and all(ds[i]["length"] > 0 for i in range(8))
+
+
+def test_an_append_waits_for_the_lock_another_writer_holds(tmp_path):
+    from zstore.convert.storelock import store_lock
+
+    dst = base_store(tmp_path)
+    new = write_h5(tmp_path / "new.h5", speech(2, [1.0]))
+    with store_lock(str(dst)):
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "zstore.cli", "convert", new, str(dst), "--append", "--no-progress"],
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = proc.stderr.readline()  # it tells that it waits, then waits
+        assert "waiting for another conversion or append" in line, line
+        assert len(manifest_of(dst).items) == 2
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    assert len(manifest_of(dst).items) == 3

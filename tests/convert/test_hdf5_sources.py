@@ -1,0 +1,223 @@
+"""HDF5 files as they come (metadata arrays, embeddings, arrays in some groups, dimension
+scales, links, non-finite attributes), converted with only the real rate given, and the
+store read by other Zarr tools: zarr-python, TensorStore, xarray, a strict JSON parser."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+from conftest import cli, manifest_of
+
+import zstore
+
+
+def speech(path: Path, seconds: list[float], extra=None) -> str:
+    """Items of int16-valued and true-float audio, ``act`` at 100/s, plus ``extra(g, i)``."""
+    rng = np.random.default_rng(5)
+    with h5py.File(path, "w") as f:
+        for i, sec in enumerate(seconds):
+            g = f.create_group(f"rec_{i:03d}")
+            n = int(sec * 16000)
+            wav = (
+                rng.integers(-3000, 3000, (2, n)) / 32768
+                if i % 2
+                else rng.standard_normal((2, n)) * 0.1
+            )
+            g["wav"] = wav.astype(np.float32)
+            g["act"] = (rng.random((2, n // 160)) > 0.5).astype(np.float32)
+            if extra:
+                extra(g, i)
+    return str(path)
+
+
+def strict(raw: bytes) -> object:
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_a_metadata_array_in_one_group_is_stored_whole(tmp_path):
+    src = speech(
+        tmp_path / "a.h5",
+        [2.0, 3.0, 4.0],
+        lambda g, i: g.create_dataset("meta", data=np.arange(6)) if i == 1 else None,
+    )
+    proc = cli("convert", src, str(tmp_path / "a.zarr"), "--rate", "wav=16000", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "meta: stored whole" in proc.stdout and "--rate meta=" in proc.stdout
+    assert "act: time array at 100/s (inferred)" in proc.stdout
+    m = manifest_of(tmp_path / "a.zarr")
+    assert m.arrays["meta"].rate is None and m.arrays["act"].rate == 100
+    info = cli("info", str(tmp_path / "a.zarr"))
+    assert "meta: no time axis" in info.stdout and "in 1 item(s)" in info.stdout
+    ds = zstore.WindowDataset(
+        tmp_path / "a.zarr", window_seconds=1.0, cache=False, fields=["wav", "meta"], missing="skip"
+    )
+    got = ds[0]
+    assert got["wav"].shape == (2, 16000) and got["meta"].tolist() == list(range(6))
+
+
+def test_embeddings_in_segments_of_one_length_are_stored_whole(tmp_path):
+    """A 10-value embedding in every 3 s segment was a 3.33/s time array, and 1 s windows
+    came out 0.9 s long; ``act``'s ratio cannot be proven by one length either."""
+    src = speech(
+        tmp_path / "seg.h5",
+        [3.0] * 4,
+        lambda g, i: g.create_dataset("emb", data=np.ones(10, np.float32)),
+    )
+    report = zstore.convert(
+        src, tmp_path / "seg.zarr", rates={"wav": 16000}, workers=1, progress=False
+    )
+    text = str(report)
+    assert report.arrays["emb"].rate is None and report.arrays["act"].rate is None
+    assert "--rate act=RATE (100 if it is)" in text
+    ds = zstore.WindowDataset(tmp_path / "seg.zarr", window_seconds=1.0, cache=False)
+    assert set(ds[0]) >= {"wav"} and "emb" not in ds[0] and "act" not in ds[0]
+    assert ds[0]["wav"].shape == (2, 16000) and ds[0]["length"] == 16000
+    again = zstore.convert(
+        src, tmp_path / "seg2.zarr", rates={"wav": 16000, "act": 100}, workers=1, progress=False
+    )
+    assert again.arrays["act"].rate == 100 and again.arrays["emb"].rate is None
+
+
+def test_an_embedding_in_items_of_different_lengths_is_stored_whole(tmp_path):
+    src = speech(
+        tmp_path / "e.h5",
+        [2.0, 2.5, 3.5],
+        lambda g, i: g.create_dataset("emb", data=np.ones(192, np.float32)),
+    )
+    report = zstore.convert(
+        src, tmp_path / "e.zarr", rates={"wav": 16000}, workers=1, progress=False
+    )
+    assert report.arrays["emb"].rate is None and report.arrays["act"].rate == 100
+    batch = zstore.WindowDataset(tmp_path / "e.zarr", window_seconds=1.0, cache=False)[1]
+    assert "emb" not in batch and batch["act"].shape == (2, 100)
+
+
+@pytest.mark.parametrize("how", [["--rate", "act=none"], ["--static", "act"]])
+def test_an_array_can_be_kept_whole_explicitly(tmp_path, how):
+    src = speech(tmp_path / "s.h5", [2.0, 3.0])
+    proc = cli(
+        "convert", src, str(tmp_path / "s.zarr"), "--rate", "wav=16000", "--no-progress", *how
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "act: stored whole, as asked" in proc.stdout
+    assert manifest_of(tmp_path / "s.zarr").arrays["act"].rate is None
+    py = zstore.convert(
+        src, tmp_path / "p.zarr", rates={"wav": 16000, "act": None}, workers=1, progress=False
+    )
+    assert py.arrays["act"].rate is None
+
+
+def test_links_are_followed_or_named(tmp_path):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x/wav"] = np.zeros((2, 16000), np.float32)
+    src = speech(tmp_path / "l.h5", [1.0, 2.0, 3.0])
+    with h5py.File(src, "a") as f:
+        f["rec_alias"] = f["rec_001"]  # a group under two names
+        f["rec_soft/wav"] = h5py.SoftLink("/rec_000/wav")  # soft-linked datasets
+        f["rec_soft/act"] = h5py.SoftLink("/rec_000/act")
+        f["rec_ext"] = h5py.ExternalLink(str(other), "/x")  # another file
+        f["rec_gone/wav"] = h5py.SoftLink("/nowhere")  # dangling
+    proc = cli(
+        "convert", src, str(tmp_path / "l.zarr"), "--rate", "wav=16000", "--no-progress", "--verify"
+    )
+    assert proc.returncode == 0, proc.stderr
+    items = list(manifest_of(tmp_path / "l.zarr").items)
+    assert items == ["rec_000", "rec_001", "rec_002", "rec_soft"]  # no item vanished
+    skipped = manifest_of(tmp_path / "l.zarr").extra["skipped"]
+    said = "\n".join(skipped)
+    assert "rec_alias: the same group as 'rec_001'" in said
+    assert f"rec_ext: external link to {other}:/x" in said
+    assert "rec_gone/wav: soft link to /nowhere" in said
+    for line in ("rec_alias", "rec_ext", "rec_gone"):
+        assert line in proc.stdout
+    ds = zstore.WindowDataset(tmp_path / "l.zarr", window_seconds=None, cache=False)
+    with h5py.File(src) as f:
+        assert np.array_equal(ds[3]["wav"].numpy(), f["rec_000/wav"][()])
+    assert "left out of the sources" in cli("info", str(tmp_path / "l.zarr")).stdout
+
+
+def scaled(g, i):
+    g["frame"] = np.arange(g["act"].shape[1], dtype=np.float64) / 100
+    g["frame"].make_scale("frame time")
+    g["act"].dims[1].attach_scale(g["frame"])
+    g["act"].dims[0].label = "speaker"
+    g["wav"].dims[0].label = "mic"
+    g.attrs["snr"] = np.nan
+    g.attrs["gains"] = np.array([1.0, np.inf, -np.inf])
+    g.attrs["source"] = g["wav"].ref
+    g["wav"].attrs["peak"] = np.float32("nan")
+
+
+@pytest.fixture
+def odd_store(tmp_path) -> tuple[str, Path]:
+    src = speech(tmp_path / "odd.h5", [2.0, 3.0, 2.5], scaled)
+    dst = tmp_path / "odd.zarr"
+    proc = cli("convert", src, str(dst), "--rate", "wav=16000", "--no-progress", "--verify")
+    assert proc.returncode == 0, proc.stderr
+    return src, dst
+
+
+def test_attributes_are_strict_json_and_read_back_as_floats(odd_store):
+    src, dst = odd_store
+    for meta in dst.rglob("zarr.json"):
+        strict(meta.read_bytes())  # zarrs and TensorStore refuse bare NaN
+    group = strict((dst / "rec_000" / "zarr.json").read_bytes())["attributes"]
+    assert group["snr"] == "NaN" and group["gains"] == [1.0, "Infinity", "-Infinity"]
+    assert group["source"] == "/rec_000/wav"
+    act = strict((dst / "rec_000" / "act" / "zarr.json").read_bytes())
+    assert act["attributes"]["DIMENSION_LIST"] == [[], ["/rec_000/frame"]]
+    seen = {}
+
+    def keep(name, attrs):
+        seen[name] = attrs
+        return math.isnan(attrs["snr"])
+
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=keep)
+    assert len(ds) == 3 and seen["rec_000"]["gains"] == [1.0, math.inf, -math.inf]
+
+
+def test_other_zarr_readers_read_the_store_bit_identical(odd_store):
+    ts = pytest.importorskip("tensorstore")
+    src, dst = odd_store
+    root = zarr.open_group(dst, mode="r")
+    with h5py.File(src) as f:
+        for item in ("rec_000", "rec_001", "rec_002"):
+            for name in ("wav", "act", "frame"):
+                want = f[f"{item}/{name}"][()]
+                assert np.array_equal(root[f"{item}/{name}"][...], want)
+                spec = {
+                    "driver": "zarr3",
+                    "kvstore": {"driver": "file", "path": str(dst / item / name)},
+                }
+                got = ts.open(spec, read=True).result().read().result()
+                assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_xarray_opens_an_item_group(odd_store):
+    xr = pytest.importorskip("xarray")
+    src, dst = odd_store
+    x = xr.open_zarr(dst, group="rec_001", consolidated=False)
+    assert x["wav"].dims == ("mic", "wav_time") and x["act"].dims[0] == "speaker"
+    assert x.sizes["wav_time"] == 48000 and x["act"].shape == (2, 300)
+    with h5py.File(src) as f:
+        assert np.array_equal(x["wav"].values, f["rec_001/wav"][()])
+    plain = zstore.convert(
+        speech(dst.parent / "plain.h5", [1.0, 2.0]),
+        dst.parent / "p.zarr",
+        rates={"wav": 16000},
+        workers=1,
+        progress=False,
+    )
+    assert plain.arrays["wav"].dims == ("wav_dim0", "wav_time")
+    y = xr.open_zarr(dst.parent / "p.zarr", group="rec_000", consolidated=False)
+    assert y["act"].dims == ("act_dim0", "act_time")

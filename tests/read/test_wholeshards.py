@@ -1,0 +1,128 @@
+"""Whole shard objects in the SSD tier: filled by warm and fetch="shard", read by slicing a
+map, checked, and dropped when corrupt."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+import zarr
+
+import zstore
+from zstore.format.layout import Span
+from zstore.read.reader import WindowReader
+from zstore.testing import ModelledFileSystem
+
+
+def ssd_only(tmp_path, **kw):
+    return zstore.CacheConfig(
+        **{
+            **dict(
+                ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes="64MB", fetch="range"
+            ),
+            **kw,
+        }
+    )
+
+
+def tier_keys(directory):
+    with sqlite3.connect(directory / "cache.db") as db:
+        return [k for (k,) in db.execute("SELECT key FROM Cache")]
+
+
+def windows(root, item, rng, n=8):
+    length = root[f"{item}/act"].shape[-1]
+    out = [(0, length), (max(0, length - 7), length)]
+    for _ in range(n):
+        a = int(rng.integers(0, length))
+        out.append((a, int(rng.integers(a, length + 1))))
+    return out
+
+
+def assert_windows_equal(reader, root, rng):
+    for item in sorted(root.group_keys()):
+        for a, b in windows(root, item, rng):
+            got = reader.read(item, {"act": Span(a, b), "wav": Span(a * 160, b * 160)})
+            np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, a:b])
+            np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, a * 160 : b * 160])
+
+
+def test_warm_keeps_whole_shards_and_windows_need_no_origin_request(small_store, tmp_path):
+    cfg = ssd_only(tmp_path)
+    zstore.warm(small_store, cache=cfg, progress=False, workers=2)
+    keys = tier_keys(tmp_path / "ssd")
+    root = zarr.open_group(small_store, mode="r")
+    shards = [k for k in keys if k.endswith("#W")]
+    arrays = {k.split("/", 1)[1].rsplit("/c/", 1)[0] for k in shards}
+    assert arrays == {f"{item}/{name}" for item in root.group_keys() for name in ("act", "wav")}
+    assert not [k for k in keys if "#r" in k]  # no chunk values next to the whole shards
+    fs = ModelledFileSystem()
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()  # another process
+    fs.reset_counts()
+    assert_windows_equal(reader, root, np.random.default_rng(0))
+    assert fs.requests == 0
+    assert zstore.cache_stats(cfg)["ssd"]["hits"] > 0
+
+
+@pytest.mark.parametrize("where", ["chunks", "index"])
+def test_a_corrupt_whole_shard_is_dropped_and_its_windows_read_right(small_store, tmp_path, where):
+    cfg = ssd_only(tmp_path)
+    zstore.warm(small_store, cache=cfg, progress=False, workers=1)
+    files = sorted((tmp_path / "ssd").rglob("*.val"), key=lambda f: f.stat().st_size)
+    big = [f for f in files if f.stat().st_size > 100_000]
+    assert big
+    for f in big:
+        raw = bytearray(f.read_bytes())
+        raw[len(raw) // 2 if where == "chunks" else len(raw) - 10] ^= 0x01  # one bit
+        f.write_bytes(bytes(raw))
+    root = zarr.open_group(small_store, mode="r")
+    reader = WindowReader(small_store, cache=cfg)  # maps the files as another process
+    for item in sorted(root.group_keys()):
+        wav = root[f"{item}/wav"]
+        np.testing.assert_array_equal(
+            reader.read(item, {"wav": Span(0, wav.shape[1])})["wav"], wav[...]
+        )
+    assert zstore.cache_stats(cfg)["ssd"]["corrupt"] >= 1
+    assert not any(f.exists() for f in big)  # dropped, not read again
+    assert_windows_equal(WindowReader(small_store, cache=cfg), root, np.random.default_rng(1))
+
+
+def test_shard_fetch_fills_each_whole_shard_once_for_the_node(small_store, tmp_path):
+    cfg = ssd_only(tmp_path, fetch="shard")
+    root = zarr.open_group(small_store, mode="r")
+    item = "utt000004"
+    wav = root[f"{item}/wav"]
+    fs = ModelledFileSystem()
+    first = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    second = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    fs.reset_counts()
+    got = first.read(item, {"wav": Span(0, 16000)})["wav"]
+    np.testing.assert_array_equal(got, wav[:, :16000])
+    assert fs.requests == 1  # the whole shard, no index request
+    got = second.read(item, {"wav": Span(16000, wav.shape[1])})["wav"]
+    np.testing.assert_array_equal(got, wav[:, 16000:])
+    assert fs.requests == 1  # the second reader maps what the first kept
+    assert [k for k in tier_keys(tmp_path / "ssd") if "#r" in k or "#s" in k] == []
+    assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
+
+
+def test_whole_shards_serve_the_decoded_and_encoded_ram_tiers(small_store, tmp_path):
+    root = zarr.open_group(small_store, mode="r")
+    for fmt in ("decoded", "encoded"):
+        ssd = ssd_only(tmp_path / fmt)
+        zstore.warm(small_store, cache=ssd, progress=False, workers=1)
+        cfg = zstore.CacheConfig(
+            ram_dir=tmp_path / fmt / "ram",
+            ram_bytes="64MB",
+            ram_format=fmt,
+            ssd_dir=tmp_path / fmt / "ssd",
+            ssd_bytes="64MB",
+            fetch="range",
+        )
+        fs = ModelledFileSystem()
+        reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+        fs.reset_counts()
+        for _ in range(2):  # builds the RAM tier's shards from the SSD's, then hits
+            assert_windows_equal(reader, root, np.random.default_rng(2))
+        assert fs.requests == 0

@@ -1,0 +1,173 @@
+"""WindowDataset: windows, alignment, reproducibility, short items, DataLoader and DDP samplers."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from conftest import write_h5
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+import zstore
+from zstore.train.window_draw import draw_start
+
+
+def test_item_layout_and_alignment(small_store, cache):
+    ds = zstore.WindowDataset(small_store, window_seconds=2.0, cache=cache, short="skip")
+    root = zarr.open_group(small_store, mode="r")
+    for i in range(len(ds)):
+        x = ds[i]
+        assert set(x) == {"wav", "act", "item", "start", "length"}
+        assert x["wav"].shape == (2, 32000) and x["act"].shape == (2, 200)
+        assert x["wav"].dtype == torch.float32 and x["length"] == 200
+        f = round(x["start"] * 100)
+        assert abs(x["start"] * 100 - f) < 1e-9  # on the coarsest grid
+        np.testing.assert_array_equal(x["act"].numpy(), root[x["item"]]["act"][:, f : f + 200])
+        np.testing.assert_array_equal(
+            x["wav"].numpy(), root[x["item"]]["wav"][:, 160 * f : 160 * (f + 200)]
+        )
+
+
+def test_draws_depend_on_seed_epoch_index_only(small_store, cache, tmp_path):
+    a = zstore.WindowDataset(small_store, window_seconds=1.0, seed=3, cache=cache)
+    b = zstore.WindowDataset(small_store, window_seconds=1.0, seed=3, cache=False)
+    for i in reversed(range(len(a))):  # order does not matter
+        assert a[i]["start"] == b[i]["start"]
+        assert torch.equal(a[i]["wav"], b[i]["wav"])
+    starts0 = [a[i]["start"] for i in range(len(a))]
+    a.set_epoch(1)
+    assert [a[i]["start"] for i in range(len(a))] != starts0
+    a.set_epoch(0)
+    assert [a[i]["start"] for i in range(len(a))] == starts0
+    c = zstore.WindowDataset(small_store, window_seconds=1.0, seed=4, cache=False)
+    assert [c[i]["start"] for i in range(len(c))] != starts0
+
+
+def test_draw_start_is_uniform_enough():
+    counts = np.bincount([draw_start(0, 0, i, 10) for i in range(10000)], minlength=10)
+    assert counts.min() > 850 and counts.max() < 1150
+    assert all(draw_start(s, e, i, 1) == 0 for s in range(3) for e in range(3) for i in range(3))
+
+
+def _batches(ds, **kw):
+    return [b for b in DataLoader(ds, batch_size=2, shuffle=False, **kw)]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_same_windows_with_any_worker_count_after_fork(small_store, cache, context):
+    ds = zstore.WindowDataset(small_store, window_seconds=1.5, cache=cache, seed=9)
+    ds.set_epoch(2)
+    serial = _batches(ds)  # the parent opened and read the store first
+    parallel = _batches(ds, num_workers=2, multiprocessing_context=context)
+    assert len(serial) == len(parallel)
+    for s, p in zip(serial, parallel):
+        assert s["item"] == p["item"] and torch.equal(s["start"], p["start"])
+        assert torch.equal(s["wav"], p["wav"]) and torch.equal(s["act"], p["act"])
+    again = _batches(ds)  # and the parent still reads correctly afterwards
+    assert all(torch.equal(s["wav"], a["wav"]) for s, a in zip(serial, again))
+
+
+def test_pickles_small_and_reopens(small_store, cache):
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cache)
+    ds[0]
+    blob = pickle.dumps(ds)
+    assert len(blob) < 4000
+    clone = pickle.loads(blob)
+    assert len(clone) == len(ds) and torch.equal(clone[3]["wav"], ds[3]["wav"])
+
+
+def test_whole_items(small_store):
+    ds = zstore.WindowDataset(small_store, window_seconds=None, cache=False)
+    root = zarr.open_group(small_store, mode="r")
+    for i in range(len(ds)):
+        x = ds[i]
+        np.testing.assert_array_equal(x["wav"].numpy(), root[x["item"]]["wav"][...])
+        assert x["start"] == 0 and x["length"] == root[x["item"]]["act"].shape[1]
+
+
+def test_fields_and_transform(small_store):
+    ds = zstore.WindowDataset(
+        small_store,
+        fields=["act"],
+        window_seconds=1.0,
+        cache=False,
+        transform=lambda x: {**x, "act": x["act"].sum()},
+    )
+    x = ds[0]
+    assert "wav" not in x and x["act"].ndim == 0
+    with pytest.raises(zstore.ConfigError, match="no array"):
+        zstore.WindowDataset(small_store, fields=["mel"], cache=False)
+
+
+@pytest.fixture(scope="module")
+def short_store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("short")
+    rng = np.random.default_rng(0)
+    frames = {"long": 500, "short": 120, "empty": 0}
+    items = {
+        k: {
+            "wav": rng.standard_normal((1, n * 160)).astype(np.float32),
+            "act": (rng.random((1, n)) > 0.5).astype(np.float32),
+        }
+        for k, n in frames.items()
+    }
+    src = write_h5(tmp / "s.h5", items)
+    zstore.convert(src, tmp / "s.zarr", rates={"wav": 16000, "act": 100}, workers=1, progress=False)
+    return str(tmp / "s.zarr"), items
+
+
+def test_short_items_pad(short_store):
+    url, items = short_store
+    with pytest.warns(UserWarning, match="2 item.*padded"):
+        ds = zstore.WindowDataset(url, window_seconds=2.0, short="pad", cache=False)
+    assert len(ds) == 3 and sorted(ds.short_items) == ["empty", "short"]
+    by_name = {ds[i]["item"]: ds[i] for i in range(len(ds))}
+    s = by_name["short"]
+    assert s["wav"].shape == (1, 32000) and s["length"] == 120
+    np.testing.assert_array_equal(s["wav"][:, :19200].numpy(), items["short"]["wav"])
+    assert not s["wav"][:, 19200:].any() and not s["act"][:, 120:].any()
+    e = by_name["empty"]
+    assert e["length"] == 0 and not e["wav"].any() and e["wav"].shape == (1, 32000)
+    batch = next(iter(DataLoader(ds, batch_size=3)))
+    assert batch["wav"].shape == (3, 1, 32000) and sorted(batch["length"].tolist()) == [0, 120, 200]
+
+
+def test_short_items_skip_and_error(short_store):
+    url, _ = short_store
+    with pytest.warns(UserWarning, match="left out"):
+        ds = zstore.WindowDataset(url, window_seconds=2.0, short="skip", cache=False)
+    assert len(ds) == 1 and ds[0]["item"] == "long"
+    with pytest.raises(zstore.ShortItemError, match="empty.*short|short.*empty"):
+        zstore.WindowDataset(url, window_seconds=2.0, short="error", cache=False)
+    with pytest.raises(zstore.ConfigError, match="short must be"):
+        zstore.WindowDataset(url, window_seconds=2.0, short="truncate", cache=False)
+    whole = zstore.WindowDataset(url, window_seconds=None, cache=False)
+    assert {whole[i]["item"]: whole[i]["length"] for i in range(3)} == {
+        "long": 500,
+        "short": 120,
+        "empty": 0,
+    }
+
+
+def test_distributed_sampler_shares(small_store, cache):
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cache, seed=1)
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        sampler.set_epoch(1)
+        ds.set_epoch(1)
+        for batch in DataLoader(ds, batch_size=1, sampler=sampler):
+            seen.append(batch["item"][0])
+            i = ds._items.index(batch["item"][0])
+            assert torch.equal(batch["wav"][0], ds[i]["wav"])
+    assert sorted(seen) == sorted(ds._items)
+
+
+def test_index_out_of_range(small_store):
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False)
+    with pytest.raises(IndexError):
+        ds[len(ds)]

@@ -1,0 +1,247 @@
+"""Options for the cache tiers, with human sizes and ``ZSTORE_*`` environment variables.
+
+Precedence: an argument given to :class:`CacheConfig` wins over the environment,
+which wins over the defaults.  So a ``torchrun`` launch can set the cache once for
+every rank with environment variables, and a script can still pin a field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zstore.errors import ConfigError
+from zstore.units import parse_size
+
+AUTO = "auto"
+RAM_FORMATS = ("auto", "decoded", "encoded")
+
+
+def _meminfo_bytes(field: str) -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def default_ram_dir() -> str | None:
+    """``/dev/shm/zstore-<uid>`` (one per user) where a tmpfs is mounted at ``/dev/shm``,
+    else no RAM tier."""
+    return f"/dev/shm/zstore-{os.getuid()}" if os.path.isdir("/dev/shm") else None
+
+
+def default_ssd_dir() -> str:
+    """``$XDG_CACHE_HOME/zstore`` or ``~/.cache/zstore``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "zstore")
+
+
+def _free_bytes(path: str) -> int:
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return 0
+
+
+def default_ram_bytes(ram_dir: str) -> int:
+    """Half the free tmpfs, and at most a quarter of the machine's RAM."""
+    return int(min(_free_bytes(ram_dir) * 0.5, _meminfo_bytes("MemTotal") * 0.25))
+
+
+def default_ssd_bytes(ssd_dir: str) -> int:
+    """Half the free space on the disk that holds the SSD tier."""
+    return int(_free_bytes(ssd_dir) * 0.5)
+
+
+_ENV = {
+    "ram_bytes": "ZSTORE_RAM_BYTES",
+    "ram_dir": "ZSTORE_RAM_DIR",
+    "ram_format": "ZSTORE_RAM_FORMAT",
+    "ssd_bytes": "ZSTORE_SSD_BYTES",
+    "ssd_dir": "ZSTORE_SSD_DIR",
+    "fetch": "ZSTORE_FETCH",
+    "max_requests": "ZSTORE_MAX_REQUESTS",
+    "shared_group": "ZSTORE_SHARED_GROUP",
+}
+_OFF = {"", "none", "off", "0", "false"}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Where the node-shared cache tiers live and how large they may grow.
+
+    Every field accepts ``"auto"`` (the default), which reads the matching
+    ``ZSTORE_*`` environment variable and otherwise picks the default below.
+
+    Args:
+        ram_bytes: byte budget of the RAM tier for the whole node (int or "64GB").
+            Default: half the free tmpfs, at most a quarter of RAM.  0 disables it.
+        ram_dir: the RAM tier's directory, on tmpfs.  Default ``/dev/shm/zstore-<uid>``.
+            ``None`` disables the tier.
+        ram_format: ``"auto"`` (the default) chooses per store from its decoded
+            and compressed size against the budget (see :mod:`zstore.cache.ram_format`);
+            ``"decoded"`` keeps whole decoded shards in RAM (fast hits, about 2x the
+            room); ``"encoded"`` keeps the compressed bytes.
+        ssd_bytes: byte budget of the SSD tier.  Default: half the disk's free space.
+        ssd_dir: the SSD tier's directory, on local disk.  Default
+            ``~/.cache/zstore``.  ``None`` disables the tier.
+        fetch: ``"range"`` reads only the chunks a window needs, ``"shard"`` reads a
+            whole shard on first touch, ``"auto"`` picks by origin kind and budget.
+        max_requests: origin requests in flight per process.
+        shared_group: a group (name or gid) whose members share the tiers: directories
+            ``2770`` owned by it, files ``0660``.  Every member can then feed every
+            other member's training.  Default: none, the tiers are private to the user
+            (``0700``); a tier directory others can write is refused.
+
+    Environment: ``ZSTORE_RAM_BYTES``, ``ZSTORE_RAM_DIR``, ``ZSTORE_RAM_FORMAT``,
+    ``ZSTORE_SSD_BYTES``, ``ZSTORE_SSD_DIR``, ``ZSTORE_FETCH``,
+    ``ZSTORE_MAX_REQUESTS``; ``none`` or an empty value disables a directory.
+    """
+
+    ram_bytes: int | str = AUTO
+    ram_dir: str | os.PathLike[str] | None = AUTO
+    ram_format: str = AUTO
+    ssd_bytes: int | str = AUTO
+    ssd_dir: str | os.PathLike[str] | None = AUTO
+    fetch: str = AUTO
+    max_requests: int | str = AUTO
+    shared_group: str | int | None = AUTO
+
+    def resolved(self) -> ResolvedCache:
+        """Apply environment variables and defaults; validate every field."""
+        raw: dict[str, Any] = {}
+        origin: dict[str, str] = {}  # where each value came from, for error messages
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            origin[field.name] = field.name
+            if isinstance(value, str) and value == AUTO:
+                env = _ENV[field.name]
+                value = os.environ.get(env, AUTO)
+                if value != AUTO:
+                    origin[field.name] = f"{env} (environment)"
+            raw[field.name] = value
+        ram_dir = _resolve_dir(raw["ram_dir"], default_ram_dir())
+        ssd_dir = _resolve_dir(raw["ssd_dir"], default_ssd_dir())
+        ram_bytes = (
+            0
+            if ram_dir is None
+            else _resolve_bytes(
+                raw["ram_bytes"], origin["ram_bytes"], lambda: default_ram_bytes(ram_dir)
+            )
+        )
+        ssd_bytes = (
+            0
+            if ssd_dir is None
+            else _resolve_bytes(
+                raw["ssd_bytes"], origin["ssd_bytes"], lambda: default_ssd_bytes(ssd_dir)
+            )
+        )
+        ram_format = str(raw["ram_format"])
+        if ram_format not in RAM_FORMATS:
+            raise ConfigError(
+                f"{origin['ram_format']} must be 'auto', 'decoded' or 'encoded', got {ram_format!r}"
+            )
+        fetch = str(raw["fetch"])
+        if fetch not in ("auto", "range", "shard"):
+            raise ConfigError(
+                f"{origin['fetch']} must be 'auto', 'range' or 'shard', got {fetch!r}"
+            )
+        max_requests = (
+            16
+            if raw["max_requests"] == AUTO
+            else _whole(raw["max_requests"], origin["max_requests"])
+        )
+        if not 1 <= max_requests <= 1024:
+            raise ConfigError(
+                f"{origin['max_requests']} must be from 1 to 1024 origin "
+                f"requests in flight, got {max_requests}"
+            )
+        return ResolvedCache(
+            ram_dir=ram_dir if ram_bytes else None,
+            ram_bytes=ram_bytes,
+            ssd_dir=ssd_dir if ssd_bytes else None,
+            ssd_bytes=ssd_bytes,
+            ram_format=ram_format,
+            fetch=fetch,
+            max_requests=max_requests,
+            shared_gid=_resolve_group(raw["shared_group"], origin["shared_group"]),
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedCache:
+    """A :class:`CacheConfig` with every default applied (what the tiers use)."""
+
+    ram_dir: str | None
+    ram_bytes: int
+    ssd_dir: str | None
+    ssd_bytes: int
+    ram_format: str
+    fetch: str
+    max_requests: int
+    shared_gid: int | None = None
+
+
+def _resolve_dir(value: Any, default: str | None) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value == AUTO:
+        return default
+    if isinstance(value, str) and value.strip().lower() in _OFF:
+        return None
+    return os.path.abspath(os.path.expanduser(os.fspath(value)))
+
+
+def _resolve_group(value: Any, name: str) -> int | None:
+    """The gid of the group the tiers are shared with, or None (private tiers)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in _OFF | {AUTO}):
+        return None
+    from zstore.cache.ownership import group_id
+
+    try:
+        return group_id(value if isinstance(value, int) else str(value).strip())
+    except KeyError:
+        raise ConfigError(
+            f"{name}: there is no group {value!r} on this machine; name an "
+            "existing group (see 'getent group') or leave it unset"
+        ) from None
+
+
+def _whole(value: Any, name: str) -> int:
+    """A whole number from an argument or an environment variable's text."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
+
+
+def _resolve_bytes(value: Any, name: str, default: Any) -> int:
+    if isinstance(value, str) and value == AUTO:
+        return default()
+    return parse_size(value, name=name)
+
+
+def as_cache_config(cache: CacheConfig | bool | None) -> CacheConfig | None:
+    """``None``/``True`` -> defaults from the environment, ``False`` -> no cache."""
+    if cache is None or cache is True:
+        return CacheConfig()
+    if cache is False:
+        return None
+    if not isinstance(cache, CacheConfig):
+        raise ConfigError(f"cache must be a zstore.CacheConfig, None or False, got {cache!r}")
+    return cache

@@ -1,0 +1,88 @@
+"""``ram_format="auto"``: what the RAM tier holds, chosen from the data's size and the budget.
+
+Measured (docs/benchmarks.md, "Beyond the RAM budget"): a warm decoded shard serves a
+window at the copy limit, an encoded chunk costs its decode whether it comes from the
+RAM tier or a page-cached SSD tier holding whole shards.  So decoded shards are as good
+a use of RAM as encoded ones or better at every budget (0.94-1.04x the better of the
+two in one process, ahead with 4 ranks), with admission keeping the resident share stable:
+a window whose shard is resident is a copy, the others decode their chunks from the SSD
+tier.  Only when no SSD tier can hold the store does the compressed form earn the RAM:
+it keeps ~2x more of the store off the origin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from zstore.cache.files import write_json
+from zstore.cache.options import ResolvedCache
+from zstore.cache.ownership import make_dir
+from zstore.units import format_size
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """What the RAM tier holds for one store, and why."""
+
+    format: str  # "decoded" or "encoded"
+    reason: str
+    decoded_bytes: int
+    stored_bytes: int
+    budget: int
+
+
+def choose(config: ResolvedCache, decoded_bytes: int, stored_bytes: int) -> FormatChoice:
+    """The RAM format for a store whose fields take ``decoded_bytes`` decoded and
+    ``stored_bytes`` compressed, under ``config`` (``ram_format`` "auto" or explicit)."""
+    budget = config.ram_bytes if config.ram_dir else 0
+    sizes = (
+        f"decoded {format_size(decoded_bytes)}, stored {format_size(stored_bytes)}, "
+        f"RAM budget {format_size(budget)}"
+    )
+    if config.ram_format != "auto":
+        return FormatChoice(
+            config.ram_format, f"set explicitly ({sizes})", decoded_bytes, stored_bytes, budget
+        )
+    ssd_holds_store = config.ssd_dir is not None and config.ssd_bytes >= stored_bytes
+    if budget >= decoded_bytes:
+        why = "the decoded data fits the RAM budget"
+    elif not ssd_holds_store and budget >= stored_bytes:
+        return FormatChoice(
+            "encoded",
+            f"the compressed store fits the RAM budget, the decoded data does not, "
+            f"and no SSD tier holds the store ({sizes})",
+            decoded_bytes,
+            stored_bytes,
+            budget,
+        )
+    else:
+        share = budget / decoded_bytes if decoded_bytes else 1.0
+        rest = "the SSD tier" if ssd_holds_store else "the SSD tier and the origin"
+        why = (
+            f"{share:.0%} of the decoded data fits and stays resident; {rest} serve the "
+            "rest as compressed chunks"
+        )
+    return FormatChoice("decoded", f"{why} ({sizes})", decoded_bytes, stored_bytes, budget)
+
+
+def record(directory: str | None, store_id: str, choice: FormatChoice) -> None:
+    """Write the choice where ``zstore cache stats`` finds it (best effort)."""
+    if directory and make_dir(directory) is None:
+        write_json(os.path.join(directory, f"{store_id}.json"), asdict(choice))
+
+
+def recorded(directory: str | None) -> dict[str, dict[str, object]]:
+    """Every recorded choice in ``directory``: store id -> choice."""
+    out: dict[str, dict[str, object]] = {}
+    if not directory or not os.path.isdir(directory):
+        return out
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    out[name[:-5]] = json.load(f)
+            except (OSError, ValueError):
+                pass
+    return out

@@ -1,0 +1,266 @@
+"""The tiers composed: RAM tier -> SSD tier -> origin, keyed by (store id, key)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from zstore.cache.location import refusal
+from zstore.cache.locks import StripedLocks
+from zstore.cache.options import CacheConfig, ResolvedCache
+from zstore.cache.ownership import describe, problem
+from zstore.cache.ram_format import recorded
+from zstore.cache.stats import Stats, mark, read_since_mark, read_stats, summarize
+from zstore.cache.tier import Tier
+from zstore.units import format_size
+
+_REFUSED: set[tuple[int, str]] = set()  # (pid, directory): warned once per process
+
+
+def safe_dirs(config: ResolvedCache) -> tuple[str | None, str | None]:
+    """The RAM and SSD tier directories this process may use: each is refused, with one
+    warning naming it, its owner and mode, unless only this user (or, opted in, the
+    shared group) can write it (see :mod:`zstore.cache.ownership`)."""
+    out = []
+    for name, directory in (("ram", config.ram_dir), ("ssd", config.ssd_dir)):
+        why = refusal(directory, config.shared_gid) if directory else None
+        if why:
+            if (os.getpid(), directory) not in _REFUSED:
+                _REFUSED.add((os.getpid(), directory))  # type: ignore[arg-type]
+                warnings.warn(
+                    f"zstore {name} tier refused: {why}; reading through to the "
+                    "next tier or the origin",
+                    stacklevel=3,
+                )
+            directory = None
+        out.append(directory)
+    return out[0], out[1]
+
+
+_SMALL_TMPFS: set[tuple[int, str]] = set()
+
+
+def warn_if_tmpfs_too_small(directory: str, budget: int) -> None:
+    """One warning per process when the file system under the RAM tier is smaller than
+    its budget: the tier would fill it (and fail writes) long before its budget."""
+    try:
+        total = shutil.disk_usage(directory).total
+    except OSError:
+        return
+    if budget > total and (os.getpid(), directory) not in _SMALL_TMPFS:
+        _SMALL_TMPFS.add((os.getpid(), directory))
+        warnings.warn(
+            f"zstore RAM tier at {directory}: its budget ({format_size(budget)}) is "
+            f"larger than the file system that holds it ({format_size(total)}); "
+            "grow it (e.g. mount -o remount,size=<budget + 10%> /dev/shm, as root) "
+            "or lower ram_bytes / ZSTORE_RAM_BYTES",
+            stacklevel=3,
+        )
+
+
+def node_dir(config: ResolvedCache, name: str) -> str | None:
+    """A directory every process on the node shares: under the RAM tier, else the SSD tier
+    (only a tier directory that passed the ownership check)."""
+    return _under(*safe_dirs(config), name)
+
+
+def _under(ram_dir: str | None, ssd_dir: str | None, name: str) -> str | None:
+    base = ram_dir or ssd_dir
+    return os.path.join(base, name) if base else None
+
+
+class TieredCache:
+    """Node-shared tiers in front of an origin.
+
+    A value found in the SSD tier is promoted to RAM; a value fetched from the
+    origin fills both.  ``ram=False`` keeps a value out of the RAM tier (used when
+    the RAM tier holds decoded shards instead).  Keys are prefixed with the
+    store's id, so two stores, or a reconverted store, never share entries.
+    """
+
+    def __init__(self, config: ResolvedCache, namespace: str):
+        self.config = config
+        self.namespace = namespace
+        ram_dir, ssd_dir = safe_dirs(config)  # checked once; node_dir() uses them
+        self._dirs = (ram_dir, ssd_dir)
+        self.stats = Stats(self.node_dir("stats"))
+        gid = config.shared_gid
+        self.ram = (
+            Tier("ram", ram_dir, config.ram_bytes, self.stats, admission=True, gid=gid, record=True)
+            if ram_dir and config.ram_bytes
+            else None
+        )
+        self.ssd = (
+            Tier("ssd", ssd_dir, config.ssd_bytes, self.stats, admission=True, gid=gid, record=True)
+            if ssd_dir and config.ssd_bytes
+            else None
+        )
+        if self.ram is not None:
+            warn_if_tmpfs_too_small(self.ram.directory, self.ram.budget)
+        #: What the RAM tier holds for this store: "decoded" or "encoded" (the reader
+        #: settles "auto" once it knows the store's size, see zstore.cache.ram_format).
+        self.ram_format = "encoded" if config.ram_format == "encoded" else "decoded"
+        lock_dir = self.node_dir("locks")
+        self.fill_locks = StripedLocks(lock_dir, "e") if lock_dir else None
+        self.decode_locks = StripedLocks(lock_dir, "d") if lock_dir else None
+
+    @property
+    def decoded(self) -> bool:
+        """True when the RAM tier holds decoded shards (the reader's fast path)."""
+        return self.ram is not None and self.ram_format == "decoded"
+
+    def node_dir(self, name: str) -> str | None:
+        """Like the module's :func:`node_dir`, from the directories checked at start."""
+        return _under(*self._dirs, name)
+
+    def key(self, key: str) -> str:
+        return f"{self.namespace}/{key}"
+
+    def lookup(
+        self, key: str, *, ram: bool = True, again: bool = False
+    ) -> bytes | memoryview | None:
+        """The value from the tiers only, or None (``again``: a recheck, misses not counted)."""
+        k = self.key(key)
+        if ram and self.ram is not None:
+            value = self.ram.get(k, count_miss=not again)
+            if value is not None:
+                return value
+        if self.ssd is not None:
+            value = self.ssd.get(k, count_miss=not again)
+            if value is not None:
+                if ram and self.ram is not None:
+                    self.ram.put(k, value)
+                return value
+        return None
+
+    def lookup_many(
+        self, keys: Sequence[str], *, ram: bool = True
+    ) -> list[bytes | memoryview | None]:
+        """Like :meth:`lookup` for many keys: one index query per tier."""
+        names = [self.key(k) for k in keys]
+        values: list[bytes | memoryview | None] = [None] * len(keys)
+        if ram and self.ram is not None:
+            values = list(self.ram.get_many(names))
+        todo = [i for i, v in enumerate(values) if v is None]
+        if todo and self.ssd is not None:
+            found = self.ssd.get_many([names[i] for i in todo])
+            for i, value in zip(todo, found):
+                if value is not None:
+                    values[i] = value
+                    if ram and self.ram is not None:
+                        self.ram.put(names[i], value)
+        return values
+
+    def fill(self, key: str, value: bytes | memoryview, *, ram: bool = True) -> None:
+        k = self.key(key)
+        if self.ssd is not None:
+            self.ssd.put(k, value)
+        if ram and self.ram is not None:
+            self.ram.put(k, value)
+
+    def get(self, key: str, fetch: Callable[[], bytes], *, ram: bool = True) -> bytes:
+        """The value for ``key`` from the first tier that has it, else from ``fetch()``."""
+        return self.get_many([key], lambda _: [fetch()], ram=ram)[0]  # type: ignore[return-value]
+
+    def get_many(
+        self,
+        keys: Sequence[str],
+        fetch_many: Callable[[list[str]], list[bytes | memoryview | None]],
+        *,
+        ram: bool = True,
+    ) -> list[bytes | memoryview | None]:
+        """Like :meth:`get` for many keys; the misses are fetched in one call.
+
+        ``fetch_many`` returns None for a key missing at the origin; that is
+        passed on and never cached.
+        """
+        values = self.lookup_many(keys, ram=ram)
+        missing = [i for i, v in enumerate(values) if v is None]
+        if not missing or self.fill_locks is None:
+            return self._fetch_into(keys, values, missing, fetch_many, ram)
+        with self.fill_locks.hold(keys[i] for i in missing):
+            # Another process may have filled them while this one waited.
+            for i in missing:
+                values[i] = self.lookup(keys[i], ram=ram, again=True)
+            missing = [i for i in missing if values[i] is None]
+            return self._fetch_into(keys, values, missing, fetch_many, ram)
+
+    def _fetch_into(
+        self,
+        keys: Sequence[str],
+        values: list[bytes | memoryview | None],
+        missing: list[int],
+        fetch_many: Callable[[list[str]], list[bytes | memoryview | None]],
+        ram: bool,
+    ) -> list[bytes | memoryview | None]:
+        if missing:
+            fetched = fetch_many([keys[i] for i in missing])
+            for i, value in zip(missing, fetched):
+                values[i] = value
+                if value is not None:
+                    self.fill(keys[i], value, ram=ram)
+        return values
+
+    def usage(self) -> dict[str, Any]:
+        return {t.name: t.usage() for t in (self.ram, self.ssd) if t is not None}
+
+
+def _tiers(config: ResolvedCache) -> list[Tier]:
+    stats = Stats(None)
+    ram_dir, ssd_dir = safe_dirs(config)
+    tiers = []
+    if ram_dir and config.ram_bytes:
+        tiers.append(Tier("ram", ram_dir, config.ram_bytes, stats, gid=config.shared_gid))
+    if ssd_dir and config.ssd_bytes:
+        tiers.append(Tier("ssd", ssd_dir, config.ssd_bytes, stats, gid=config.shared_gid))
+    return tiers
+
+
+def cache_stats(cache: CacheConfig | None = None) -> dict[str, Any]:
+    """Hits, misses, evictions and bytes per tier, summed over every process on the node."""
+    config = (cache or CacheConfig()).resolved()
+    usage = {t.name: t.usage() for t in _tiers(config)}
+    stats_dir = node_dir(config, "stats")
+    result = summarize(read_stats(stats_dir), usage)
+    result["running"] = summarize(read_stats(stats_dir, live_only=True), {})
+    since = read_since_mark(stats_dir)
+    result["since_mark"] = summarize(since, {}) if since is not None else None
+    result["config"] = {
+        "ram_dir": config.ram_dir,
+        "ram_bytes": config.ram_bytes,
+        "ssd_dir": config.ssd_dir,
+        "ssd_bytes": config.ssd_bytes,
+        "ram_format": config.ram_format,
+        "shared_gid": config.shared_gid,
+    }
+    for name in ("ram", "ssd"):
+        directory = result["config"][f"{name}_dir"]
+        if directory:
+            result[name]["directory"] = directory
+            result[name]["ownership"] = describe(directory)
+            result[name]["refused"] = problem(directory, config.shared_gid)
+    result["formats"] = recorded(node_dir(config, "formats"))
+    return result
+
+
+def mark_stats(cache: CacheConfig | None = None) -> None:
+    """Start counting "since the mark" now (``zstore cache mark``)."""
+    mark(node_dir((cache or CacheConfig()).resolved(), "stats"))
+
+
+def clear_cache(cache: CacheConfig | None = None) -> None:
+    """Empty every tier and reset the counters."""
+    config = (cache or CacheConfig()).resolved()
+    for tier in _tiers(config):
+        tier.clear()
+    directory = node_dir(config, "stats")
+    if directory and os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.endswith(".bin") or name == "mark.counts":
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except FileNotFoundError:
+                    pass

@@ -1,0 +1,7 @@
+"""``python -m zstore.cli``: the same as the ``zstore`` command."""
+
+import sys
+
+from zstore.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,93 @@
+"""``zstore info``: a store's manifest in a few lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from zstore.format.layout import parse_array_meta
+from zstore.format.manifest import read_manifest
+from zstore.units import format_size
+
+
+def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Items, arrays (rate, shape, chunking), total duration, bytes and codec of a store."""
+    manifest, metas = read_manifest(url, storage_options)
+    arrays: dict[str, dict[str, Any]] = {}
+    for name, a in manifest.arrays.items():
+        entry: dict[str, Any] = {
+            "rate": a.rate,
+            "time_axis": a.time_axis,
+            "inferred": a.inferred,
+            "note": a.note,
+            "dimension_names": list(a.dims) if a.dims else None,
+        }
+        have = manifest.items_with(name)
+        entry["items_with"] = len(manifest.items) if have is None else len(have)
+        first = manifest.first_index(name)
+        array_meta = metas.at(first, name) if first is not None else None
+        if array_meta:
+            layout = parse_array_meta(name, array_meta, a.time_axis)
+            entry.update(
+                shape_of_first_item=list(layout.shape),
+                dtype=str(layout.dtype),
+                chunk=list(layout.chunk_shape),
+                shard_length=layout.shard,
+                codecs=[c["name"] for c in layout.codecs],
+            )
+        if a.rate:
+            lengths = np.asarray(manifest.lengths[name], dtype=np.int64)
+            lengths = lengths[lengths >= 0]
+            entry["seconds_total"] = round(int(lengths.sum()) / a.rate, 3)
+            entry["seconds_min_max"] = (
+                [round(int(lengths.min()) / a.rate, 3), round(int(lengths.max()) / a.rate, 3)]
+                if len(lengths)
+                else []
+            )
+        arrays[name] = entry
+    nbytes = int(manifest.extra.get("store_bytes", 0))
+    info = {
+        "store": url,
+        "store_id": manifest.store_id,
+        "items": len(manifest.items),
+        "codec": manifest.codec,
+        "chunk_seconds": manifest.chunk_seconds,
+        "store_bytes": nbytes,
+        "arrays": arrays,
+    }
+    timed = [a for a in arrays.values() if a.get("rate")]
+    seconds = max((a["seconds_total"] for a in timed), default=0.0)
+    lines = [
+        f"{url}  (store id {manifest.store_id})",
+        f"items: {len(manifest.items)}, total {seconds / 3600:.2f} h, "
+        f"{format_size(nbytes)}, codec {manifest.codec} + crc32c, "
+        f"chunks of {manifest.chunk_seconds:g} s",
+    ]
+    for name, e in arrays.items():
+        rate = (
+            f"{e['rate']:g}/s" + (" (inferred)" if e["inferred"] else "")
+            if e["rate"]
+            else "no time axis"
+        )
+        shape = e.get("shape_of_first_item")
+        where = (
+            ""
+            if e["items_with"] == len(manifest.items)
+            else f", in {e['items_with']} of {len(manifest.items)} items"
+        )
+        lines.append(
+            f"  {name}: {rate}, {e.get('dtype', '?')}, first item {shape}, "
+            f"chunk {e.get('chunk')}, shard {e.get('shard_length')} along time{where}"
+        )
+        if e["note"] and (e["inferred"] or not e["rate"]):
+            lines.append(f"    {e['note']}")
+    skipped = list(manifest.extra.get("skipped", []))
+    info["skipped"] = skipped
+    if skipped:
+        lines.append(f"left out of the sources ({len(skipped)}):")
+        lines += [f"  {s}" for s in skipped[:10]]
+        if len(skipped) > 10:
+            lines.append(f"  ... and {len(skipped) - 10} more (zstore info --json)")
+    info["text"] = "\n".join(lines)
+    return info

@@ -1,0 +1,14 @@
+"""Conversion: HDF5 sources into a zstore store, and appends to one.
+
+Holds the HDF5 source (scan, links, rate claims, dimension names) and the corpus of many
+files (names, fingerprints), the pipeline (batched, resumable, verified), appends, the
+task runner (local processes or Dask) and the store's write lock.
+
+May import: :mod:`zstore.format` and the shared leaves (the origin, URLs, units,
+errors).  Never the cache, the read path, training or torch.
+"""
+
+from zstore.convert.append import append
+from zstore.convert.pipeline import CODECS, ConvertReport, convert
+
+__all__ = ["CODECS", "ConvertReport", "append", "convert"]

@@ -1,0 +1,334 @@
+"""``zstore convert NEW.h5 DST --append``: add items to a finished store.
+
+The store keeps its codec, chunking, rates, time axes and store id, so every chunk of
+its existing items stays valid in every cache.  New items are named the way the store
+names its items (``<file stem>/<group>`` when it was made from several files).  A name
+that exists already is refused, naming it, before anything is written.  The new
+manifest is published last: a new item table, then the root metadata in one write (no
+consolidated metadata).  A reader opened before keeps its view, a new one sees the new
+items.  Appending to a format-1 store writes a format-2 manifest.  Rerun the same
+command after a crash to finish it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from zstore.convert.corpus import expand_sources, file_identity, identity_mark, source_name, stems
+from zstore.convert.pipeline import (
+    ConvertReport,
+    _Job,
+    _verify,
+    check_options,
+    with_dtypes,
+    write_missing,
+)
+from zstore.convert.source import SourcePlan, plan
+from zstore.convert.storelock import store_lock
+from zstore.convert.tasks import cluster_client
+from zstore.errors import SourceError, StoreFormatError
+from zstore.format.layout import Manifest
+from zstore.format.manifest import (
+    ArrayMetas,
+    build,
+    current_shapes,
+    publish,
+    read_manifest,
+    shape_rows,
+)
+from zstore.format.objects import data_type
+from zstore.urls import store_bytes
+
+
+def append(
+    src: Any,
+    dst: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    verify: bool = False,
+    progress: bool = True,
+    dask: Any = None,
+    rates: dict[str, float | None] | None = None,
+    time_axis: int | dict[str, int] | None = None,
+    codec: str | None = None,
+    chunk_seconds: float | None = None,
+) -> ConvertReport:
+    """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
+    ``dask`` (a client or scheduler address) runs the items on a Dask cluster.
+
+    The store keeps its codec, chunking, rates and time axes: ``rates``, ``time_axis``,
+    ``codec`` and ``chunk_seconds`` may be given only to state what the store has
+    (anything else is refused before anything is written), and so are new arrays whose
+    dtype or number of dimensions differ from the store's.  A source appended before,
+    unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
+    conversion or append at a time writes a store (see :mod:`zstore.convert.storelock`).
+    """
+    t0 = time.perf_counter()
+    files, dst = expand_sources(src), os.fspath(dst)
+    check_options(1.0 if chunk_seconds is None else chunk_seconds, workers)
+    with store_lock(dst, storage_options):
+        try:
+            manifest, metas = read_manifest(dst, storage_options)
+        except StoreFormatError as e:
+            raise StoreFormatError(
+                f"{dst}: no finished zstore store to append to; convert "
+                f"the first files without --append ({e})"
+            ) from None
+        _check_options_agree(dst, manifest, rates, time_axis, codec, chunk_seconds)
+        identities = {f: file_identity(f) for f in files}
+        seen = _already_in_store(files, identities, manifest, dst)
+        files = [f for f in files if f not in seen]
+        if not files:
+            return ConvertReport(
+                items=len(manifest.items),
+                converted=0,
+                already_done=len(manifest.items),
+                source_bytes=0,
+                store_bytes=int(manifest.extra.get("store_bytes", 0)),
+                seconds=time.perf_counter() - t0,
+                arrays=manifest.arrays,
+                store_id=manifest.store_id,
+                already_in_store=seen,
+            )
+        source = _plan_new(files, manifest, dst)
+        marks = tuple((f, identity_mark(identities[f])) for f in files)
+        job = _Job(
+            files[0],
+            dst,
+            storage_options,
+            manifest.arrays,
+            manifest.chunk_seconds,
+            manifest.codec,
+            marks,
+        )
+        workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
+        with cluster_client(dask) as client:
+            todo, written = write_missing(job, source, workers, progress, "append", client)
+            if verify:
+                _verify(job, source, workers, progress, client)
+        before = int(manifest.extra.get("store_bytes", -1))
+        nbytes = (
+            before + written
+            if written is not None and before >= 0
+            else store_bytes(dst, storage_options)
+        )
+        new, table = _extended(manifest, metas, source, [identities[f] for f in files], nbytes)
+        publish(dst, storage_options, new.header(), table)
+    total = sum(it.nbytes for it in source.items)
+    return ConvertReport(
+        items=len(new.items),
+        converted=len(todo),
+        already_done=len(new.items) - len(todo),
+        source_bytes=total,
+        store_bytes=int(new.extra.get("store_bytes", 0)),
+        seconds=time.perf_counter() - t0,
+        arrays=new.arrays,
+        skipped=source.skipped,
+        verified=verify,
+        store_id=new.store_id,
+        sources=files,
+        already_in_store=seen,
+    )
+
+
+def _check_options_agree(
+    dst: str,
+    manifest: Manifest,
+    rates: dict[str, float | None] | None,
+    time_axis: int | dict[str, int] | None,
+    codec: str | None,
+    chunk_seconds: float | None,
+) -> None:
+    """Options given with an append must be the store's own."""
+
+    def refuse(given: str, has: str) -> None:
+        raise SourceError(
+            f"{dst}: {given} was given, but the store has {has}; an append "
+            "keeps the store's options: leave it out, or convert these files "
+            "to a new store"
+        )
+
+    if codec is not None and codec != manifest.codec:
+        refuse(f"--codec {codec}", f"codec {manifest.codec}")
+    if chunk_seconds is not None and float(chunk_seconds) != float(manifest.chunk_seconds):
+        refuse(f"--chunk-seconds {chunk_seconds:g}", f"{manifest.chunk_seconds:g} s chunks")
+    for name, rate in (rates or {}).items():
+        info = manifest.arrays.get(name)
+        has = (
+            "no such array"
+            if info is None
+            else f"'{name}' stored whole (no rate)"
+            if info.rate is None
+            else f"'{name}' at {info.rate:g}/s"
+        )
+        same = info is not None and (
+            info.rate is None
+            if rate is None
+            else info.rate is not None and float(rate) == float(info.rate)
+        )
+        if not same:
+            refuse(f"--rate {name}={'none' if rate is None else f'{rate:g}'}", has)
+    if time_axis is None:
+        return
+    for name, info in manifest.arrays.items():
+        if isinstance(time_axis, dict) and name not in time_axis:
+            continue
+        axis = time_axis[name] if isinstance(time_axis, dict) else time_axis
+        ndim = (
+            manifest.shapes[name].shape[1]
+            if manifest.shapes is not None and name in manifest.shapes
+            else 0
+        )
+        if info.time_axis is not None and ndim and axis % ndim != info.time_axis:
+            refuse(
+                f"--time-axis {name}={axis}", f"axis {info.time_axis} as the time axis of '{name}'"
+            )
+
+
+def _already_in_store(
+    files: list[str], identities: dict[str, dict[str, Any]], manifest: Manifest, dst: str
+) -> list[str]:
+    """The files the store holds already, unchanged; a file it holds that has changed
+    since is refused (its items would be added twice, under other names)."""
+    recorded: dict[str, dict[str, Any]] = {}
+    for entry in [
+        *manifest.extra.get("fingerprint", {}).get("sources", []),
+        *manifest.extra.get("appended", []),
+    ]:
+        if isinstance(entry, dict) and "source" in entry:
+            recorded[str(entry["source"])] = entry
+    names = set(map(str, manifest.extra.get("sources", [])))
+    seen = []
+    for f in files:
+        name = source_name(f)
+        if name not in names and name not in recorded:
+            continue
+        was, now = recorded.get(name), identities[f]
+        if was is not None and any(now.get(k) != v for k, v in was.items() if k in now):
+            raise SourceError(
+                f"{f}: this file's items were added to {dst} before, and the file has "
+                "changed since (size or version); nothing was written. To replace those "
+                "items, convert the store again (--overwrite); to add the file as new "
+                "items, give it another name"
+            )
+        seen.append(f)
+    return seen
+
+
+def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
+    """The new items, named as the store names its items, checked against it."""
+    sources = manifest.extra.get("sources", [])
+    rates = {n: a.rate for n, a in manifest.arrays.items()}  # the store's claims, whole too
+    axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
+    source = plan(files, rates, axes, optional=True)
+    prefix = stems(files) if len(sources) > 1 else None  # as the store names its items
+    for it in source.items:
+        it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group
+    unknown = sorted(n for n in source.arrays if n not in manifest.arrays)
+    if unknown:
+        raise SourceError(
+            f"{dst}: the new items have array(s) {unknown} that the store does "
+            f"not (arrays: {sorted(manifest.arrays)}); convert them separately"
+        )
+    _check_same_form(source, manifest, dst)
+    for name, info in source.arrays.items():
+        if info.rate != manifest.arrays[name].rate:
+            raise SourceError(
+                f"{dst}: '{name}' is at {manifest.arrays[name].rate}/s in the "
+                f"store, {info.rate}/s in the new items; they must agree"
+            )
+    names = [it.name for it in source.items]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SourceError(
+            f"{dst}: the new files name item(s) {twice[:3]} more than once "
+            "(the store names items by group only); append them one by one "
+            "or rename the groups"
+        )
+    existing = set(manifest.items)
+    clash = [it.name for it in source.items if it.name in existing]
+    if clash:
+        more = f" and {len(clash) - 3} more" if len(clash) > 3 else ""
+        raise SourceError(
+            f"{dst}: item(s) {', '.join(repr(c) for c in clash[:3])}{more} are "
+            "in the store already; nothing was written. Rename the groups, or "
+            "append other files"
+        )
+    source.arrays = dict(manifest.arrays)
+    return source
+
+
+def _check_same_form(source: SourcePlan, manifest: Manifest, dst: str) -> None:
+    """Every new item's arrays have the store's dtype and number of dimensions: the
+    store's metadata and readers decode every item of an array as one dtype."""
+    for it in source.items:
+        for name, dtype in it.dtypes.items():
+            info = manifest.arrays[name]
+            if info.dtype is not None and data_type(np.dtype(dtype)) != info.dtype:
+                raise SourceError(
+                    f"{it.source}: '{it.group}/{name}' is {np.dtype(dtype)}, but '{name}' "
+                    f"is {info.dtype} in {dst}; nothing was written. Convert the file to "
+                    f"{info.dtype} first, or convert it to a store of its own"
+                )
+            if manifest.shapes is not None and name in manifest.shapes:
+                ndim = manifest.shapes[name].shape[1]
+                if len(it.shapes[name]) != ndim:
+                    raise SourceError(
+                        f"{it.source}: '{it.group}/{name}' has shape {it.shapes[name]} "
+                        f"({len(it.shapes[name])} dimensions), but '{name}' has {ndim} in "
+                        f"{dst}; nothing was written. Reshape it to the store's form, or "
+                        "convert it to a store of its own"
+                    )
+
+
+def _extended(
+    manifest: Manifest,
+    metas: ArrayMetas,
+    source: SourcePlan,
+    identities: list[dict[str, Any]],
+    nbytes: int,
+) -> tuple[Manifest, dict[str, bytes]]:
+    """The store's manifest with the new items after the old ones (same store id)."""
+    old_shapes, old_present = current_shapes(manifest, metas)
+    new_shapes, new_present = shape_rows(
+        [it.shapes for it in source.items],
+        manifest.arrays,
+        {n: rows.shape[1] for n, rows in old_shapes.items()},
+    )
+    n_old, n_new = len(manifest.items), len(source.items)
+    shapes = {n: np.concatenate([old_shapes[n], new_shapes[n]]) for n in manifest.arrays}
+    present = {
+        n: np.concatenate(
+            [
+                old_present.get(n, np.ones(n_old, dtype=bool)),
+                new_present.get(n, np.ones(n_new, dtype=bool)),
+            ]
+        )
+        for n in set(old_present) | set(new_present)
+    }
+    arrays = dict(manifest.arrays)
+    for name, info in with_dtypes(source).items():
+        if arrays[name].dtype is None and info.dtype is not None:
+            arrays[name] = dataclasses.replace(arrays[name], dtype=info.dtype)
+    extra = dict(manifest.extra)
+    extra["sources"] = list(extra.get("sources", [])) + [i["source"] for i in identities]
+    extra["appended"] = list(extra.get("appended", [])) + identities
+    if source.skipped:
+        extra["skipped"] = list(extra.get("skipped", [])) + list(source.skipped)
+    extra["store_bytes"] = nbytes
+    return build(
+        store_id=manifest.store_id,
+        arrays=arrays,
+        names=list(manifest.items) + [it.name for it in source.items],
+        shapes=shapes,
+        present=present,
+        codec=manifest.codec,
+        chunk_seconds=manifest.chunk_seconds,
+        extra=extra,
+    )

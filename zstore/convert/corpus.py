@@ -1,0 +1,111 @@
+"""Many HDF5 sources as one corpus: expand paths, name items, fingerprint the files.
+
+With one source, item names are its group paths; with several, ``<file stem>/<group
+path>``, and two sources with the same stem are an error naming both.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+from zstore.errors import SourceError
+from zstore.urls import is_url
+
+SUFFIXES = (".h5", ".hdf5")
+
+
+def expand_sources(sources: str | os.PathLike[str] | list[Any]) -> list[str]:
+    """Files, directories (every ``*.h5`` / ``*.hdf5`` below them) and glob patterns,
+    in a stable order, each file once."""
+    given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not given:
+        raise SourceError(
+            "no source given: name one or more HDF5 files, directories or glob patterns"
+        )
+    out: list[str] = []
+    for src in (os.fspath(g) for g in given):
+        if is_url(src):
+            out.append(src)
+        elif os.path.isdir(src):
+            found = sorted(
+                str(p) for p in Path(src).rglob("*") if p.suffix.lower() in SUFFIXES and p.is_file()
+            )
+            if not found:
+                raise SourceError(f"{src}: a directory with no *.h5 or *.hdf5 file below it")
+            out += found
+        elif any(c in src for c in "*?["):
+            found = sorted(glob.glob(src, recursive=True))
+            if not found:
+                raise SourceError(f"{src}: the pattern matches no file")
+            out += found
+        else:
+            out.append(src)
+    return list(dict.fromkeys(out))  # each file once, first place kept
+
+
+def stems(files: list[str]) -> dict[str, str]:
+    """Each file's item-name prefix (its stem); the same stem twice is an error."""
+    owner: dict[str, str] = {}
+    for f in files:
+        stem = Path(f.rstrip("/")).stem
+        if stem in owner:
+            raise SourceError(
+                f"two sources have the stem '{stem}': {owner[stem]} and {f}; "
+                "item names would collide: rename one of them"
+            )
+        owner[stem] = f
+    return {f: s for s, f in owner.items()}
+
+
+def source_name(f: str) -> str:
+    """How a source is named in a manifest: its URL, or its absolute path."""
+    return f if is_url(f) else os.path.abspath(f)
+
+
+def file_identity(f: str) -> dict[str, Any]:
+    """What says a source file is the one an append wrote from: its name, size and
+    version (modification time, inode and change time on a local disk; ETag or
+    modification time on an object store)."""
+    if is_url(f):
+        return fingerprint([f], {})["sources"][0]
+    st = os.stat(f)
+    return {
+        "source": source_name(f),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "inode": st.st_ino,
+        "ctime_ns": st.st_ctime_ns,
+    }
+
+
+def identity_mark(identity: dict[str, Any]) -> str:
+    """A short string naming one version of a source file (an item's completion mark)."""
+    import hashlib
+    import json
+
+    return "v:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def fingerprint(files: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """What identifies one conversion: every source's path, size and mtime, and options."""
+    out = []
+    for f in files:
+        if is_url(f):
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(f)
+            info = fs.info(path)
+            out.append(
+                {
+                    "source": source_name(f),
+                    "size": info.get("size"),
+                    "version": str(info.get("ETag") or info.get("mtime") or ""),
+                }
+            )
+        else:
+            st = os.stat(f)
+            out.append({"source": source_name(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return {"sources": out, "options": options}

@@ -1,0 +1,104 @@
+"""HDF5 attributes as strict JSON in ``zarr.json``, and back.
+
+Every JSON parser must read a converted store's metadata (zarrs and TensorStore refuse
+bare ``NaN``; xarray and zarr-python read what the Zarr v3 spec allows), so attributes
+are written as strict JSON:
+
+- NaN and the infinities become the strings ``"NaN"``, ``"Infinity"`` and
+  ``"-Infinity"`` (as Zarr v3 writes float fill values); the attribute's name is listed
+  in the group's or array's ``"zstore_nonfinite"`` attribute, and zstore reads those
+  strings back as floats (:func:`decode_attrs`);
+- HDF5 object and region references (dimension scales keep them in ``DIMENSION_LIST``
+  and ``REFERENCE_LIST``) become the path of the object they point to (a region
+  reference: the path of its dataset); a reference that leads nowhere becomes null;
+- bytes become text (UTF-8, undecodable bytes replaced); numpy scalars and arrays
+  become numbers and lists; structured (compound) values become lists of their fields;
+  anything else becomes its ``str``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import h5py
+import numpy as np
+
+NONFINITE_ATTR = "zstore_nonfinite"
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def hdf5_attrs(obj: Any) -> dict[str, Any]:
+    """The attributes of an h5py group or dataset, as strict JSON values."""
+    if not h5py.h5a.get_num_attrs(obj.id):  # most have none: skip building the view
+        return {}
+    out: dict[str, Any] = {}
+    nonfinite = []
+    for key, value in obj.attrs.items():
+        flag = [False]
+        out[key] = _value(value, obj.file, flag)
+        if flag[0]:
+            nonfinite.append(key)
+    if nonfinite:
+        out[NONFINITE_ATTR] = nonfinite
+    return out
+
+
+def _value(value: Any, file: Any, flag: list[bool]) -> Any:
+    if isinstance(value, (h5py.Reference, h5py.RegionReference)):
+        return _target(value, file)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "biu":
+            return value.tolist()
+        return (
+            [_value(v, file, flag) for v in value.tolist()]
+            if value.ndim
+            else _value(value.item(), file, flag)
+        )
+    if isinstance(value, np.void):
+        return [_value(v, file, flag) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return _value(value.item(), file, flag)
+    if isinstance(value, (list, tuple)):
+        return [_value(v, file, flag) for v in value]
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        flag[0] = True
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, complex):
+        return [_value(value.real, file, flag), _value(value.imag, file, flag)]
+    return value if isinstance(value, (str, int, bool, type(None))) else str(value)
+
+
+def _target(ref: Any, file: Any) -> str | None:
+    """The path of the object an HDF5 reference points to (None for a null one)."""
+    if not ref:
+        return None
+    try:
+        return str(file[ref].name)
+    except (ValueError, KeyError, OSError, RuntimeError):
+        return None
+
+
+def decode_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attributes as written by :func:`hdf5_attrs`, with NaN and infinities back as
+    floats (only under the names ``"zstore_nonfinite"`` lists)."""
+    names = attrs.get(NONFINITE_ATTR)
+    if not isinstance(names, list):
+        return dict(attrs)
+    out = {k: v for k, v in attrs.items() if k != NONFINITE_ATTR}
+    for name in names:
+        if name in out:
+            out[name] = _floats(out[name])
+    return out
+
+
+def _floats(value: Any) -> Any:
+    if isinstance(value, str):
+        return _NONFINITE.get(value, value)
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value

@@ -1,0 +1,104 @@
+"""How much a store's fields take: decoded and stored bytes, shard and chunk counts.
+
+From the manifest (lengths) and the first item's array metadata (the other axes,
+dtype, chunking), so it costs nothing per item beyond a sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zstore.format.layout import Manifest, geometry, parse_array_meta
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Totals over every item for the fields asked for."""
+
+    decoded_bytes: int
+    stored_bytes: int
+    shards: int
+    chunks: int
+
+
+def _totals(lengths: np.ndarray, step_nbytes: int, chunk: int, shard: int) -> list[int]:
+    """[decoded bytes, shards, chunks] of an array over the items of ``lengths`` (-1 where
+    an item lacks it)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths[lengths >= 0]
+    return [
+        step_nbytes * int(lengths.sum()),
+        int((-(-lengths // max(1, shard))).sum()),
+        int((-(-lengths // max(1, chunk))).sum()),
+    ]
+
+
+def array_totals(
+    arrays: dict[str, Any],
+    shapes: dict[str, np.ndarray],
+    lengths: dict[str, np.ndarray],
+    chunk_seconds: float,
+) -> dict[str, list[int]]:
+    """Per time array (``lengths``: its length per item), [decoded bytes, shards, chunks]
+    over every item, with the first item's chunking as the converter writes it (what
+    :func:`field_sizes` derives from its metadata); kept in a format-2 header, so opening
+    a store does not sum every item's length."""
+
+    out = {}
+    for name, column in lengths.items():
+        info, rows = arrays[name], shapes[name]
+        if info.dtype is None:
+            continue
+        have = np.flatnonzero(column >= 0)
+        if not len(have):
+            continue
+        first = tuple(int(x) for x in rows[have[0]])
+        axis = info.time_axis % len(first)
+        try:
+            itemsize = np.dtype(info.dtype).itemsize
+        except TypeError:
+            continue  # a dtype numpy does not name: field_sizes reads the metadata
+        chunks, shards = geometry(first, info.rate, axis, chunk_seconds, itemsize)
+        step = int(np.prod([s for i, s in enumerate(first) if i != axis])) * itemsize
+        shard = shards[axis] if shards is not None and first[axis] else 1
+        out[name] = _totals(column, step, chunks[axis], shard)
+    return out
+
+
+def field_sizes(manifest: Manifest, metas: Any, fields: Sequence[str] | None = None) -> Sizes:
+    """Decoded and (estimated) stored bytes, shards and chunks of ``fields`` (default:
+    every time array).  Stored bytes are the store's bytes in proportion to the fields'
+    share of the decoded bytes (the manifest does not split them by array).  From the
+    header's totals where it has them, else summed over every item's length."""
+    names = [n for n in (fields or manifest.time_arrays) if n in manifest.lengths]
+    decoded = shards = chunks = 0
+    everything = 0
+    known = manifest.extra.get("sizes")
+    known = known if isinstance(known, dict) else {}
+    for name in manifest.time_arrays:
+        if name in known:
+            totals = [int(x) for x in known[name]]
+        else:
+            first = manifest.first_index(name)
+            meta = metas.at(first, name) if first is not None else None
+            if meta is None:
+                continue
+            layout = parse_array_meta(name, meta, manifest.arrays[name].time_axis)
+            totals = _totals(
+                manifest.lengths[name],
+                layout.step_nbytes,
+                layout.chunk,
+                layout.shard if layout.length else 1,
+            )
+        everything += totals[0]
+        if name in names:
+            decoded += totals[0]
+            shards += totals[1]
+            chunks += totals[2]
+    total = int(manifest.extra.get("store_bytes", 0))
+    stored = int(total * decoded / everything) if everything else total
+    return Sizes(decoded, stored, shards, chunks)

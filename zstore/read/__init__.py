@@ -1,0 +1,16 @@
+"""The read path: a window of an item, from the tiers or the origin, into numpy.
+
+Holds the window reader, the chunk source (byte ranges, coalescing, the origin), the
+RAM tier's shard forms (decoded and encoded) and the builds behind the reads, whole
+shards in the SSD tier, the maps a process keeps of tier values, the zarr ``Store`` with
+the tiers in it, and streamed copies into batch buffers.
+
+May import: :mod:`zstore.format`, :mod:`zstore.cache` and the shared leaves.  Never
+:mod:`zstore.train`, :mod:`zstore.convert` or torch.
+"""
+
+from zstore.read.reader import WindowReader
+from zstore.read.streamcopy import copy_streamed, streaming
+from zstore.read.zarr_store import CachedStore, open_store
+
+__all__ = ["CachedStore", "WindowReader", "copy_streamed", "open_store", "streaming"]

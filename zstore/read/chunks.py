@@ -1,0 +1,351 @@
+"""Chunk bytes for the reader: shard indexes, byte ranges through the tiers, origin batches.
+
+:class:`ChunkSource` turns (array, chunk) pairs into decoded chunks.  Everything a
+call needs that the tiers miss is fetched from the origin in one concurrent
+batch; with ``fetch="shard"`` a whole shard is read on first touch and kept whole in
+the SSD tier (:mod:`zstore.read.ssd_shards`), or, without one, all its chunks go into the
+RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from zstore.cache.tiered import TieredCache
+from zstore.errors import IntegrityError, MissingDataError
+from zstore.format.decode import EMPTY, decode_chunk, decode_index, fill_chunk
+from zstore.format.layout import ArrayLayout
+from zstore.origin import Origin, Request, describe
+from zstore.read.ssd_shards import Held, WholeShards
+
+MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
+COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size
+
+
+class ChunkSource:
+    """Fetch and decode inner chunks of one store for one process.
+
+    ``complete``: the store's converter wrote every chunk (the manifest says so), so a
+    missing object or an empty shard-index entry is lost data and raises
+    :class:`MissingDataError`; otherwise (stores of other writers) it reads as the
+    fill value, as in zarr.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        origin: Origin,
+        tiers: TieredCache | None,
+        fetch: str,
+        complete: bool = False,
+    ):
+        self.url, self.origin, self.tiers, self.fetch = url, origin, tiers, fetch
+        self.complete = complete
+        self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.whole = (
+            WholeShards(url, tiers) if tiers is not None and tiers.ssd is not None else None
+        )
+
+    def _missing(self, obj: str, what: str) -> MissingDataError:
+        return missing_error(self.url, obj, what)
+
+    def index(self, shards: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
+        """Shard indexes of the given (layout, shard) pairs, fetched together."""
+        found: dict[str, np.ndarray] = {}
+        todo: dict[str, ArrayLayout] = {}
+        for layout, shard in shards:
+            obj = layout.object_key(shard)
+            if obj in self._indexes:
+                found[obj] = self._indexes[obj]
+            else:
+                todo[obj] = layout
+        if todo and self.whole is not None:  # a shard the SSD tier holds whole has its index
+            with self.whole.values.lock:
+                for obj, layout in list(todo.items()):
+                    held = self.whole.held(layout, obj, [])
+                    if held is not None:
+                        found[obj] = held.index
+                        del todo[obj]
+        if todo:
+            keys = [f"{obj}#s{layout.index_bytes}" for obj, layout in todo.items()]
+            requests: list[Request] = [
+                (obj, -layout.index_bytes, None) for obj, layout in todo.items()
+            ]
+            values = self.fetch_many(keys, requests, ram=True, layouts=todo)
+            for (obj, layout), data in zip(todo.items(), values):
+                if data is None and self.complete:
+                    raise self._missing(obj, "shard")
+                if data is None:  # a shard the store never wrote: all fill value
+                    index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
+                else:
+                    index = decode_index(layout, data, f"{self.url}: {obj} (shard index)")
+                found[obj] = self._indexes[obj] = index
+                if len(self._indexes) > MAX_INDEXES:
+                    self._indexes.popitem(last=False)
+        return found
+
+    def raw(
+        self, need: list[tuple[ArrayLayout, int]], *, ram: bool
+    ) -> list[tuple[Request | None, bytes | memoryview | None]]:
+        """The encoded bytes of (layout, chunk number) pairs and the origin request each
+        came from; (None, None) for a chunk never written (stores of other writers)."""
+        held = self._held(need)
+        indexes = self.index(
+            [
+                (layout, k // layout.chunks_per_shard)
+                for layout, k in need
+                if layout.sharded and layout.object_key(k // layout.chunks_per_shard) not in held
+            ]
+        )
+        keys: list[str] = []
+        requests: list[Request] = []
+        slots: list[int] = []
+        layouts: dict[str, ArrayLayout] = {}
+        out: list[tuple[Request | None, bytes | memoryview | None]] = [(None, None)] * len(need)
+        for i, (layout, k) in enumerate(need):
+            obj = layout.object_key(k // layout.chunks_per_shard)
+            if not layout.sharded:  # one object per chunk
+                keys.append(obj)
+                requests.append((obj, None, None))
+                slots.append(i)
+                continue
+            whole = held.get(obj)
+            offset, nbytes = (whole.index if whole is not None else indexes[obj])[
+                k % layout.chunks_per_shard
+            ]
+            if offset == EMPTY and self.complete:
+                raise self._missing(obj, f"chunk {k % layout.chunks_per_shard} of shard")
+            if offset == EMPTY:  # never written: the fill value
+                continue
+            start, stop = int(offset), int(offset + nbytes)
+            if whole is not None:
+                out[i] = ((obj, start, stop), whole.payload[start:stop])
+                continue
+            layouts[obj] = layout
+            keys.append(f"{obj}#r{start}-{stop}")
+            requests.append((obj, start, stop))
+            slots.append(i)
+        values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
+        for i, request, data in zip(slots, requests, values):
+            out[i] = (request, data)
+        if self.complete:
+            for i, (layout, k) in enumerate(need):
+                if out[i][1] is None:
+                    raise self._missing(layout.object_key(k // layout.chunks_per_shard), "chunk")
+        return out
+
+    def _held(self, need: list[tuple[ArrayLayout, int]]) -> dict[str, Held]:
+        """The shards of ``need`` at hand whole: mapped from the SSD tier, or (with
+        ``fetch="shard"``) fetched whole now and kept there."""
+        if self.whole is None:
+            return {}
+        wanted: dict[str, tuple[ArrayLayout, list[int]]] = {}
+        for layout, k in need:
+            if layout.sharded:
+                obj = layout.object_key(k // layout.chunks_per_shard)
+                wanted.setdefault(obj, (layout, []))[1].append(k % layout.chunks_per_shard)
+        held: dict[str, Held] = {}
+        with self.whole.values.lock:  # its unmapping thread edits the maps
+            for obj, (layout, chunks) in wanted.items():
+                found = self.whole.held(layout, obj, chunks)
+                if found is not None:
+                    held[obj] = found
+        todo = {obj: wanted[obj] for obj in wanted if obj not in held}
+        if todo and self.fetch == "shard":
+            held.update(self._fetch_whole(todo))
+        return held
+
+    def keep_whole(self, layout: ArrayLayout) -> None:
+        """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
+        one at a time; shards it holds already are left alone."""
+        if self.whole is None or not layout.sharded:
+            return
+        for s in range(-(-layout.length // layout.shard)):
+            obj = layout.object_key(s)
+            with self.whole.values.lock:
+                if self.whole.held(layout, obj, []) is not None:
+                    continue
+            self._fetch_whole({obj: (layout, [])})
+
+    def _fetch_whole(self, todo: dict[str, tuple[ArrayLayout, list[int]]]) -> dict[str, Held]:
+        """Fetch shard objects whole (one concurrent origin round) into the SSD tier,
+        once for the node: the fill lock's holder fetches, the others find it mapped."""
+        assert self.whole is not None
+        held: dict[str, Held] = {}
+        with self.whole.locked(list(todo)):
+            with self.whole.values.lock:
+                for obj, (layout, chunks) in todo.items():
+                    found = self.whole.held(layout, obj, chunks, again=True)
+                    if found is not None:
+                        held[obj] = found
+            objs = [obj for obj in todo if obj not in held]
+            for obj, data in zip(objs, self._read([(o, None, None) for o in objs])):
+                layout = todo[obj][0]
+                if data is None and self.complete:
+                    raise self._missing(obj, "shard")
+                if data is None:  # a shard the store never wrote: all fill value
+                    index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
+                    held[obj] = Held(index, b"")
+                    continue
+                view = memoryview(data)
+                index = decode_index(
+                    layout,
+                    view[len(view) - layout.index_bytes :],
+                    f"{self.url}: {obj} (shard index)",
+                )
+                self.whole.put(obj, view)
+                held[obj] = Held(index, view)
+        return held
+
+    def decode(
+        self,
+        layout: ArrayLayout,
+        request: Request | None,
+        data: bytes | memoryview | None,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Decode one chunk's bytes (into ``out`` where it can, see ``decode_chunk``); a
+        chunk never written is the fill value; bytes that fail their check are fetched
+        once more from the origin, past the tiers."""
+        if data is None or request is None:
+            return fill_chunk(layout)
+        where = f"{self.url}: {describe(*request)}"
+        try:
+            return decode_chunk(layout, data, where, out)
+        except IntegrityError:
+            return decode_chunk(layout, self.origin.read(*request), where, out)
+
+    def fetch_many(
+        self,
+        keys: list[str],
+        requests: list[Request],
+        *,
+        ram: bool,
+        layouts: dict[str, ArrayLayout],
+    ) -> list[bytes | memoryview | None]:
+        """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
+
+        None stands for an object missing at the origin (a chunk never written).
+        """
+        by_key = dict(zip(keys, requests))
+
+        def fetch(miss: list[str]) -> list[bytes | memoryview | None]:
+            return self._from_origin([by_key[k] for k in miss], layouts)
+
+        if self.tiers is None:
+            return fetch(keys)
+        return self.tiers.get_many(keys, fetch, ram=ram)
+
+    def _from_origin(
+        self, requests: list[Request], layouts: dict[str, ArrayLayout]
+    ) -> list[bytes | memoryview | None]:
+        if self.fetch != "shard":
+            return self._read(requests)
+        objects = sorted({r[0] for r in requests})
+        whole = dict(zip(objects, self._read([(o, None, None) for o in objects])))
+        for obj, data in whole.items():
+            if data is not None and obj in layouts:
+                self._fill_shard(obj, layouts[obj], data, requests)
+        return [
+            None if (got := whole[obj]) is None else _slice(got, start, stop)
+            for obj, start, stop in requests
+        ]
+
+    def _fill_shard(
+        self, obj: str, layout: ArrayLayout, data: bytes | memoryview, requested: list[Request]
+    ) -> None:
+        """Put every chunk of a whole shard into the tiers (``fetch="shard"``)."""
+        if self.tiers is None or len(data) < layout.index_bytes:
+            return
+        index = decode_index(layout, data[-layout.index_bytes :], f"{self.url}: {obj}")
+        skip = {(r[1], r[2]) for r in requested if r[0] == obj}
+        for offset, nbytes in index:
+            if offset == EMPTY:
+                continue
+            start, stop = int(offset), int(offset) + int(nbytes)
+            if (start, stop) not in skip:
+                self.tiers.fill(
+                    f"{obj}#r{start}-{stop}", data[start:stop], ram=not self.tiers.decoded
+                )
+
+    def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:
+        merged, parts = coalesce(requests, COALESCE_BYTES)
+        try:
+            datas: list[bytes | None] = list(self.origin.read_many(merged))
+        except FileNotFoundError:  # some object is missing: find which, one by one
+            datas = []
+            for r in merged:
+                try:
+                    datas.append(self.origin.read(*r))
+                except FileNotFoundError:
+                    datas.append(None)
+        if self.tiers is not None:
+            self.tiers.stats.add("origin_requests", len(merged))
+            self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas if d is not None))
+        out: list[bytes | memoryview | None] = []
+        for m, offset, n in parts:
+            got = datas[m]
+            out.append(got if n is None or got is None else memoryview(got)[offset : offset + n])
+        return out
+
+
+def coalesce(
+    requests: list[Request], limit: int
+) -> tuple[list[Request], list[tuple[int, int, int | None]]]:
+    """Merge byte ranges of one object that touch into requests of up to ``limit`` bytes.
+
+    A window's chunks lie next to each other in their shard, so its ~10 ranges per
+    array become a few requests: fewer round trips and per-request costs (S3 bills
+    each GET), the same bytes.  Returns the requests to make and, per given request,
+    (index of the request that holds it, offset in it, length; None = all of it).
+    Suffix and whole-object requests pass through unmerged.
+    """
+    merged: list[Request] = []
+    parts: list[tuple[int, int, int | None]] = [(0, 0, None)] * len(requests)
+    ranged = sorted(
+        (r[0], r[1], r[2], i)
+        for i, r in enumerate(requests)
+        if r[1] is not None and r[1] >= 0 and r[2] is not None
+    )
+    for key, start, stop, i in ranged:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and last[0] == key
+            and last[1] is not None
+            and last[2] == start
+            and stop - last[1] <= limit
+        ):
+            merged[-1] = (key, last[1], stop)
+        else:
+            merged.append((key, start, stop))
+        parts[i] = (len(merged) - 1, start - merged[-1][1], stop - start)  # type: ignore
+    for i, r in enumerate(requests):
+        if not (r[1] is not None and r[1] >= 0 and r[2] is not None):
+            merged.append(r)
+            parts[i] = (len(merged) - 1, 0, None)
+    return merged, parts
+
+
+def _slice(data: bytes | memoryview, start: int | None, stop: int | None) -> bytes | memoryview:
+    if start is not None and start < 0:
+        return data[start:]
+    return data[start or 0 : stop]
+
+
+def chunk_array(key: str) -> str:
+    """The array path of a chunk key (``<item>/<array>/c/0/3`` or ``.../c``), or ""."""
+    return key[:-2] if key.endswith("/c") else key.rpartition("/c/")[0]
+
+
+def missing_error(url: str, key: str, what: str) -> MissingDataError:
+    """The error for an object that a complete store must hold but does not."""
+    item, _, array = chunk_array(key).rpartition("/")
+    return MissingDataError(
+        f"{url}: {what} '{key}' (item '{item}', array '{array}') is missing, but this "
+        "store's converter wrote every chunk: the store is damaged or was copied "
+        "incompletely. Restore the object from a good copy, or reconvert the source "
+        "(zstore convert ... --overwrite); nothing was read as zeros"
+    )

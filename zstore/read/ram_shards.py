@@ -1,0 +1,464 @@
+"""Whole shards in the RAM tier, mapped once per process: decoded or encoded.
+
+Both forms work alike (:class:`ShardForm`): a window's shard is served from this
+process's map of it, else built once for the node (under a lock) when the RAM tier
+admits it, else the window's chunks in it are read from the SSD tier or the origin
+and decoded (:func:`chunk_pieces`).
+
+- :class:`DecodedShards`: the shard decoded; a warm window is one copy per field.
+- :class:`EncodedShards`: the shard's encoded chunks and an index of them; a warm window
+  decodes its chunks straight from the map: no lookup, no read, no copy of bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+import ctypes
+import mmap
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from zstore.cache.tiered import TieredCache
+from zstore.cache.value import Checked
+from zstore.errors import IntegrityError
+from zstore.format.decode import EMPTY, decode_chunk, strip_crc
+from zstore.format.layout import ArrayLayout, Span
+from zstore.origin import describe
+from zstore.read.builds import BehindBuilds
+from zstore.read.chunks import ChunkSource
+from zstore.read.maps import Mapped, MappedValues
+
+SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
+#: Decoded chunk bytes after which the reader trims the heap (then counts again).
+#: Trimming after every window read as chunks made the next window page-fault its
+#: temporaries back in, which doubled the time to read and decode a chunk and made a
+#: RAM tier holding a third of the data slower than none; never trimming let each
+#: reader's private memory grow ~20-30 MB per pass over its windows (glibc keeps freed
+#: heap), and every 64 MB still ~10 MB.  Every ~3 windows (16 MB) keeps it flat with 4
+#: ranks, and costs a fraction of a refault per window (docs/benchmarks-notes.md).
+TRIM_AFTER = 16 * 2**20
+Plan = list[tuple[str, ArrayLayout, Span]]
+
+
+class Lazy:
+    """A chunk still encoded, decoded when a window is copied out of it: one chunk at a
+    time, so it is copied while it is still in the CPU's cache, and a read holds one
+    decoded chunk instead of a window's (measured: decoding a window's chunks first and
+    copying them after cost ~0.3 ms a window more than decode-and-copy per chunk)."""
+
+    __slots__ = ("shape", "nbytes", "_decode")
+
+    def __init__(self, layout: ArrayLayout, decode: Callable[..., np.ndarray]):
+        self.shape = layout.chunk_shape
+        self.nbytes = layout.chunk_nbytes
+        self._decode = decode
+
+    def decoded(self) -> np.ndarray:
+        """The chunk, decoded into this thread's scratch buffer: valid until the
+        thread decodes its next chunk, so copy it out at once."""
+        buf = getattr(_SCRATCH, "buf", None)
+        if buf is None or len(buf) < self.nbytes:
+            buf = _SCRATCH.buf = np.empty(self.nbytes, dtype=np.uint8)
+        return self._decode(out=buf)
+
+
+_SCRATCH = threading.local()  # one chunk's decode buffer per thread
+
+
+#: (path, n) -> (time offset, array or chunk to decode)
+Pieces = dict[tuple[str, int], tuple[int, "np.ndarray | Lazy"]]
+
+
+def chunk_pieces(source: ChunkSource, plan: Plan, *, ram: bool) -> Pieces:
+    """The window's chunks, to decode as they are copied (keys ``(path, -1 - k)``,
+    apart from shards')."""
+    need = [
+        (layout, k) for _, layout, span in plan for k in layout.chunks_for(span.start, span.stop)
+    ]
+    raw = source.raw(need, ram=ram)
+    return {
+        (layout.path, -1 - k): (
+            k * layout.chunk,
+            Lazy(layout, partial(source.decode, layout, request, data)),
+        )
+        for (layout, k), (request, data) in zip(need, raw)
+    }
+
+
+def scratch_chunks(
+    source: ChunkSource, need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]
+) -> Iterator[np.ndarray]:
+    """The chunks of ``raw`` (``source.raw(need)``) decoded one at a time into this
+    thread's scratch buffer (each valid until the next: copy it into the shard at once),
+    their bytes dropped from ``raw`` as they go.  Building a shard then allocates nothing
+    per chunk: a build behind the reads runs in its own thread, whose malloc arena kept
+    the decoded chunks' memory (measured: 4 ranks grew ~5 MB each over a second pass)."""
+    for i, (layout, _) in enumerate(need):
+        request, data = raw[i]
+        raw[i] = (None, None)
+        yield Lazy(layout, partial(source.decode, layout, request, data)).decoded()
+        del data
+
+
+def in_shard(layout: ArrayLayout, s: int, span: Span) -> Span:
+    """The part of ``span`` that lies in shard ``s``."""
+    return Span(max(span.start, s * layout.shard), min(span.stop, (s + 1) * layout.shard))
+
+
+class ShardForm(abc.ABC):
+    """What the two forms share: lookups through the maps, admission, building."""
+
+    suffix = ""
+    #: Shards that displace resident ones are built behind the reads (zstore.read.builds).
+    later = False
+
+    def __init__(self, url: str, tiers: TieredCache, source: ChunkSource, values: MappedValues):
+        self.url, self.tiers, self.source, self.values = url, tiers, source, values
+        self.ram = values.tier
+        self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
+        self.behind = BehindBuilds()
+
+    def key(self, layout: ArrayLayout, s: int) -> str:
+        return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
+
+    def pieces(self, plan: Plan) -> Pieces:
+        """Pieces covering every span of ``plan``."""
+        pieces: Pieces = {}
+        missing: list[tuple[ArrayLayout, int, Span]] = []
+        direct: Plan = []
+        for name, layout, span in plan:
+            if not self.handles(layout):
+                direct.append((name, layout, span))
+                continue
+            for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
+                key = self.key(layout, s)
+                got = self._mapped(layout, s, key)
+                if got is not None:
+                    found = self.read(layout, s, got, span)
+                    if found is not None:
+                        pieces.update(found)
+                        continue
+                    self.values.discard(key)  # failed its check: rebuild it
+                how = (
+                    None
+                    if key in self.behind
+                    else self.ram.admits_as(key, self.nbytes(layout, s), blocked=True)
+                )
+                if how == "room" or (how == "displace" and not self.later):
+                    missing.append((layout, s, span))
+                    continue
+                if how == "displace":
+                    self.behind.submit(key, partial(self._build_behind, layout, s, key))
+                # the part of the window in this shard, from its chunks
+                direct.append((name, layout, in_shard(layout, s, span)))
+        if missing:
+            pieces.update(self._build(missing))
+        if direct:  # encoded chunks stay out of the RAM tier: it holds shards
+            chunks = chunk_pieces(self.source, direct, ram=False)
+            self.chunk_bytes += sum(arr.nbytes for _, arr in chunks.values())
+            pieces.update(chunks)
+        return pieces
+
+    def _build(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
+        """Build missing shards into the RAM tier, once for the node (under its lock)."""
+        keys = [self.key(layout, s) for layout, s, _ in missing]
+        pieces: Pieces = {}
+        with self.tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
+            todo = []
+            for (layout, s, span), key in zip(missing, keys):
+                got = self._mapped(layout, s, key, again=True)
+                # built meanwhile by another process: rare, so check it whole
+                found = (
+                    self.read(layout, s, got, span)
+                    if got is not None and got.checked.verify(0, len(got.checked.payload))
+                    else None
+                )
+                if found is None:
+                    if got is not None:
+                        self.values.discard(key)
+                    todo.append((layout, s, span, key))
+                else:
+                    pieces.update(found)
+            if todo:
+                pieces.update(self.make(todo))
+        release_free_memory()
+        self.values.drop_evicted()  # including what this build evicted
+        return pieces
+
+    def _build_behind(self, layout: ArrayLayout, s: int, key: str) -> None:
+        """Build one shard in the background thread.  The maps and the chunk source are
+        used under the readers' lock; decoding and writing the shard happen outside it,
+        under the node's build lock (never the readers' lock inside that one: a reader
+        takes them in the other order)."""
+        need = self._shard_chunks(layout, s)
+        with self.values.lock:
+            if self._mapped(layout, s, key, again=True) is not None:
+                return
+            raw = self.source.raw(need, ram=False)
+        with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
+            if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
+                self.fill([(layout, s, Span(0, 0), key)], need, raw)
+        del raw
+        with self.values.lock:
+            self.values.drop_evicted()
+        release_free_memory()
+
+    def _mapped(
+        self, layout: ArrayLayout, s: int, key: str, *, again: bool = False
+    ) -> Mapped | None:
+        """This process's map of shard ``s`` in the RAM tier (see MappedValues.get)."""
+        return self.values.get(key, lambda c: self.view(layout, s, c), again=again)
+
+    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
+        """Build the shards of ``todo`` into the RAM tier; the pieces of their spans."""
+        need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
+        return self.fill(todo, need, self.source.raw(need, ram=False))
+
+    def _shard_chunks(self, layout: ArrayLayout, s: int) -> list[tuple[ArrayLayout, int]]:
+        last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
+        return [(layout, k) for k in range(s * layout.chunks_per_shard, last)]
+
+    # what a form defines
+    def handles(self, layout: ArrayLayout) -> bool:
+        """Whether shards of ``layout`` take this form (else its windows read chunks)."""
+        return True
+
+    @abc.abstractmethod
+    def view(self, layout: ArrayLayout, s: int, checked: Checked) -> Any:
+        """What a mapped value of shard ``s`` is read through; None when it is corrupt."""
+
+    @abc.abstractmethod
+    def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
+        """The pieces of ``span`` from a mapped shard; None when a check fails."""
+
+    @abc.abstractmethod
+    def nbytes(self, layout: ArrayLayout, s: int) -> int:
+        """Bytes shard ``s`` takes in this form (what admission weighs)."""
+
+    @abc.abstractmethod
+    def fill(
+        self,
+        todo: list[tuple[ArrayLayout, int, Span, str]],
+        need: list[tuple[ArrayLayout, int]],
+        raw: list[tuple[Any, Any]],
+    ) -> Pieces:
+        """Build the shards of ``todo`` into the RAM tier from ``raw``, the encoded bytes
+        of their chunks ``need`` (``source.raw(need)``); the pieces of their spans."""
+
+
+class DecodedShards(ShardForm):
+    """Decoded shards: a warm window is one lookup and one copy per field."""
+
+    suffix = "#D"
+    later = True  # a build decodes a whole shard (~20-30 ms)
+
+    def view(self, layout: ArrayLayout, s: int, checked: Checked) -> np.ndarray | None:
+        try:
+            return np.frombuffer(checked.payload, dtype=layout.dtype).reshape(
+                shard_shape(layout, s)
+            )
+        except ValueError:
+            return None
+
+    def nbytes(self, layout: ArrayLayout, s: int) -> int:
+        return int(np.prod(shard_shape(layout, s))) * layout.dtype.itemsize
+
+    def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
+        """Check the blocks of the mapped shard this span reads (once per process)."""
+        arr, checked = got.view, got.checked
+        if not checked.complete:
+            offset, axis, isz = s * layout.shard, layout.time_axis, arr.itemsize
+            lo = max(span.start, offset) - offset
+            hi = min(span.stop, offset + arr.shape[axis]) - offset
+            if axis == arr.ndim - 1:
+                t = arr.shape[-1]
+                good = all(
+                    checked.verify((r * t + lo) * isz, (r * t + hi) * isz)
+                    for r in range(arr.size // t)
+                )
+            elif axis == 0:
+                row = arr.nbytes // arr.shape[0]
+                good = checked.verify(lo * row, hi * row)
+            else:
+                good = checked.verify(0, arr.nbytes)
+            if not good:
+                return None
+        return {(layout.path, s): (s * layout.shard, arr)}
+
+    def fill(
+        self,
+        todo: list[tuple[ArrayLayout, int, Span, str]],
+        need: list[tuple[ArrayLayout, int]],
+        raw: list[tuple[Any, Any]],
+    ) -> Pieces:
+        chunks = scratch_chunks(self.source, need, raw)
+        pieces: Pieces = {}
+        for layout, s, _, key in todo:
+            shard = _scratch(shard_shape(layout, s), layout.dtype)
+            for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
+                _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
+            self.ram.put(key, shard, blocked=True)
+            pieces[(layout.path, s)] = (s * layout.shard, shard)
+        del chunks  # the fetched bytes go with it, before the heap is trimmed
+        return pieces
+
+
+class EncodedShards(ShardForm):
+    """Encoded shards: the chunks' stored bytes, then an index of (offset, nbytes)."""
+
+    suffix = "#E"
+
+    def handles(self, layout: ArrayLayout) -> bool:
+        return layout.sharded  # one object per chunk already is its own "shard"
+
+    def _count(self, layout: ArrayLayout, s: int) -> int:
+        return len(self._shard_chunks(layout, s))
+
+    def view(self, layout: ArrayLayout, s: int, checked: Checked) -> list[list[int]] | None:
+        n, size = self._count(layout, s), len(checked.payload)
+        if size < 16 * n or not checked.verify(size - 16 * n, size):
+            return None
+        # a list: read once per process, then indexed per chunk at Python speed
+        return np.frombuffer(checked.payload[size - 16 * n :], dtype="<u8").reshape(n, 2).tolist()
+
+    def nbytes(self, layout: ArrayLayout, s: int) -> int:
+        index = self.source.index([(layout, s)])[layout.object_key(s)]
+        used = index[: self._count(layout, s)]
+        return int(used[used[:, 0] != EMPTY, 1].sum()) + 16 * len(used)
+
+    def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
+        """The chunks of ``span``, their blocks checked, to decode as they are copied."""
+        pieces: Pieces = {}
+        first = s * layout.chunks_per_shard
+        payload = got.checked.payload
+        part = in_shard(layout, s, span)
+        where = f"{self.url}: {layout.object_key(s)} (encoded shard in the RAM tier)"
+        index, key = got.view, self.key(layout, s)
+        for k in layout.chunks_for(part.start, part.stop):
+            offset, n = index[k - first]
+            if not got.checked.verify(offset, offset + n):
+                return None
+            pieces[(layout.path, -1 - k)] = (
+                k * layout.chunk,
+                Lazy(
+                    layout,
+                    partial(
+                        self._decode, layout, k, key, got.ino, payload[offset : offset + n], where
+                    ),
+                ),
+            )
+        return pieces
+
+    def _decode(
+        self,
+        layout: ArrayLayout,
+        k: int,
+        key: str,
+        ino: int,
+        data: Any,
+        where: str,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Chunk ``k`` decoded from the shard; a chunk that fails its own checksum (the
+        shard was damaged after its blocks were checked) drops the shard for every
+        process, and the chunk is read from the origin instead."""
+        try:
+            return decode_chunk(layout, data, where, out)
+        except IntegrityError:
+            self.ram.drop(key, ino)  # rebuilt on a later read; others unmap it
+            ((request, raw),) = self.source.raw([(layout, k)], ram=False)
+            return self.source.decode(layout, request, raw, out)
+
+    def fill(
+        self,
+        todo: list[tuple[ArrayLayout, int, Span, str]],
+        need: list[tuple[ArrayLayout, int]],
+        raw: list[tuple[Any, Any]],
+    ) -> Pieces:
+        pieces: Pieces = {}
+        pos = 0
+        for layout, s, span, key in todo:
+            n = self._count(layout, s)
+            got = raw[pos : pos + n]
+            pos += n
+            if any(data is None for _, data in got):  # unwritten chunks (other writers)
+                pieces.update(
+                    chunk_pieces(self.source, [("", layout, in_shard(layout, s, span))], ram=False)
+                )
+                continue
+            parts = [self._checked(layout, request, data) for request, data in got]
+            sizes = np.array([len(data) for data in parts], dtype="<u8")
+            index = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)  # (offset, nbytes)
+            buf = b"".join([*parts, index.tobytes()])
+            self.ram.put(key, buf, blocked=True)
+            built = Mapped(index.tolist(), Checked(memoryview(buf), None), "", 0)
+            found = self.read(layout, s, built, span)
+            assert found is not None  # every chunk was checked above
+            pieces.update(found)
+        return pieces
+
+    def _checked(self, layout: ArrayLayout, request: Any, data: Any) -> bytes | memoryview:
+        """A chunk's bytes with their crc32c checked (refetched from the origin once when
+        the copy in a tier is bad), so a shard is never built from corrupt bytes."""
+        if not any(c["name"] == "crc32c" for c in layout.codecs):
+            return data
+        where = f"{self.url}: {describe(*request)}"
+        try:
+            strip_crc(memoryview(data), where)
+            return data
+        except IntegrityError:
+            fresh = self.source.origin.read(*request)
+            strip_crc(memoryview(fresh), where)
+            return fresh
+
+
+def shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:
+    shape = list(layout.shape)
+    shape[layout.time_axis] = min(layout.shard, layout.length - s * layout.shard)
+    return tuple(shape)
+
+
+def _copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> None:
+    """Copy ``src`` into ``dst`` at ``offset`` along ``axis``, clipped to ``dst``."""
+    n = min(src.shape[axis], dst.shape[axis] - offset)
+    d = [slice(None)] * dst.ndim
+    s = [slice(None)] * dst.ndim
+    d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
+    dst[tuple(d)] = src[tuple(s)]
+
+
+def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array for a decoded shard; a large one gets its own anonymous mapping, returned
+    to the OS as soon as the array is freed.
+
+    A decoded shard (tens of MB) lives only until it is in the RAM tier and the window
+    is copied out.  Taken from malloc, freeing it would raise glibc's dynamic mmap
+    threshold to its size; from then on shard-sized temporaries would come from the
+    heap, which keeps freed pages, and each process would hold tens of MB that the
+    shared tier exists to save (measured, see docs/benchmarks.md).
+    """
+    count = int(np.prod(shape))
+    if count * dtype.itemsize < SCRATCH_MMAP:
+        return np.empty(shape, dtype=dtype)
+    buf = mmap.mmap(-1, count * dtype.itemsize)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+def release_free_memory() -> None:
+    """Hand freed heap back to the OS (glibc keeps it after large temporaries such as the
+    decoded shards, and per-process memory is what the shared RAM tier exists to save)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None

@@ -1,0 +1,414 @@
+"""Window -> chunk keys -> bytes through the tiers -> decoded arrays.  The hot path.
+
+With a RAM tier the unit in RAM is a whole shard (up to 64 s of one array), decoded or
+encoded (``ram_format``, see :mod:`zstore.read.ram_shards`), mapped read-only and kept mapped
+by each process (:mod:`zstore.read.maps`): a warm window is one dict lookup per field and
+then one copy (decoded) or the decode of its chunks (encoded).  A shard missing from
+RAM is built from its chunks once for the node when the RAM tier admits it; otherwise,
+and without a RAM tier, the reader fetches and decodes only the chunks the window
+overlaps (see :mod:`zstore.read.chunks`).  Layouts the reader does not handle go through
+zarr's own indexing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from zstore.cache.files import open_file
+from zstore.cache.options import CacheConfig, ResolvedCache
+from zstore.cache.ownership import make_dir
+from zstore.cache.ram_format import FormatChoice
+from zstore.cache.ram_format import choose as choose_format
+from zstore.cache.ram_format import record as record_format
+from zstore.cache.tiered import TieredCache
+from zstore.errors import IntegrityError, StoreFormatError
+from zstore.format.attrs import decode_attrs
+from zstore.format.layout import ArrayLayout, Span, parse_array_meta
+from zstore.format.manifest import VERIFIED, read_manifest, verified_tables
+from zstore.format.sizing import field_sizes
+from zstore.origin import Origin
+from zstore.read.chunks import ChunkSource
+from zstore.read.maps import MappedValues
+from zstore.read.ram_shards import (
+    TRIM_AFTER,
+    DecodedShards,
+    EncodedShards,
+    Lazy,
+    Pieces,
+    ShardForm,
+    chunk_pieces,
+    release_free_memory,
+)
+from zstore.read.streamcopy import copy_streamed
+from zstore.read.zarr_store import CachedStore
+from zstore.urls import is_url
+
+MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
+PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
+
+
+class WindowReader:
+    """Reads windows of a zstore store.  Opens lazily, once per process; pickles small."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache: CacheConfig | None = None,
+        storage_options: dict[str, Any] | None = None,
+        origin_fs: Any = None,
+        fields: Sequence[str] | None = None,
+    ):
+        self.url = str(url) if is_url(str(url)) else os.path.abspath(str(url))
+        self.cache = cache
+        self.storage_options = dict(storage_options or {})
+        self.origin_fs = origin_fs
+        self.fields = list(fields) if fields is not None else None  # sizes the RAM format
+        self._pid = -1
+        #: The store's root header as this reader first read it (format 2): a process
+        #: this reader is pickled to sees the same items, even after an append.
+        self._header: dict[str, Any] | None = None
+        #: The node directory this process keeps its copy of the item table in (None:
+        #: no cache tier, the table is in the process).
+        self._tables_dir: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "cache": self.cache,
+            "storage_options": self.storage_options,
+            "origin_fs": self.origin_fs,
+            "fields": self.fields,
+            "header": self._header,
+            "tables": verified_tables(self._header.get("table"), self._tables_dir)
+            if self._header and self._tables_dir
+            else set(),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(
+            self,
+            state["url"],
+            cache=state["cache"],
+            storage_options=state["storage_options"],
+            origin_fs=state["origin_fs"],
+            fields=state.get("fields"),
+        )
+        self._header = state.get("header")
+        VERIFIED.update(state.get("tables", ()))
+
+    def open(self) -> WindowReader:
+        """Read the manifest and set up this process's handles (idempotent per process)."""
+        if self._pid == os.getpid():
+            return self
+        resolved: ResolvedCache | None = self.cache.resolved() if self.cache else None
+        self.tiers: TieredCache | None = None
+
+        def tables(store_id: str) -> str | None:  # item tables: one copy per node
+            self.tiers = TieredCache(resolved, store_id) if resolved else None
+            where = self.tiers.node_dir("tables") if self.tiers else None
+            # made with the tier's ownership and mode, or not used
+            self._tables_dir = where if where is not None and make_dir(where) is None else None
+            return self._tables_dir
+
+        self.manifest, self._metas = read_manifest(
+            self.url, self.storage_options, self.origin_fs, tables, self._header, open_file
+        )
+        if self.manifest.shapes is not None:  # format 2: workers keep this view
+            self._header = self.manifest.header()
+        if resolved and self.tiers is None:
+            self.tiers = TieredCache(resolved, self.manifest.store_id)
+        self.format_choice = self._choose_format(resolved) if self.tiers and resolved else None
+        self.origin = Origin(
+            self.url,
+            self.storage_options,
+            fs=self.origin_fs,
+            max_requests=resolved.max_requests if resolved else 16,
+        )
+        #: The node's SSD tier can hold the whole store (as the manifest sizes it).
+        self.ssd_holds_store = (
+            resolved is not None
+            and resolved.ssd_dir is not None
+            and resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
+        )
+        self.fetch = self._fetch_mode(resolved)
+        self.source = ChunkSource(
+            self.url, self.origin, self.tiers, self.fetch, complete=self.manifest.all_chunks_written
+        )
+        self._layouts: dict[tuple[str, str], ArrayLayout] = {}
+        self.values: MappedValues | None = None
+        self.form: ShardForm | None = None
+        if self.tiers is not None and self.tiers.ram is not None:
+            self.values = MappedValues(self.tiers.ram)
+            kind = DecodedShards if self.tiers.ram_format == "decoded" else EncodedShards
+            self.form = kind(self.url, self.tiers, self.source, self.values)
+        self._lock = self.values.lock if self.values is not None else threading.Lock()
+        self._group: Any = None
+        self._pid = os.getpid()
+        return self
+
+    def _choose_format(self, resolved: ResolvedCache) -> FormatChoice:
+        """Settle ``ram_format`` for this store and size the tiers' admission periods."""
+        tiers: TieredCache = self.tiers  # type: ignore[assignment]
+        sizes = field_sizes(self.manifest, self._metas, self.fields)
+        choice = choose_format(resolved, sizes.decoded_bytes, sizes.stored_bytes)
+        tiers.ram_format = choice.format
+        # Halve the access counts every few passes over the values (see cache.admission).
+        if tiers.ram is not None:
+            tiers.ram.set_period(
+                PASSES * (sizes.shards if choice.format == "decoded" else sizes.chunks)
+            )
+        if tiers.ssd is not None:
+            tiers.ssd.set_period(PASSES * sizes.chunks)
+        record_format(tiers.node_dir("formats"), self.manifest.store_id, choice)
+        return choice
+
+    def _fetch_mode(self, resolved: ResolvedCache | None) -> str:
+        mode = resolved.fetch if resolved else "range"
+        if mode != "auto":
+            return mode
+        remote = is_url(self.url) or self.origin_fs is not None
+        return "shard" if remote and self.ssd_holds_store else "range"
+
+    def layout(self, item: str, name: str, position: int | None = None) -> ArrayLayout:
+        """The geometry of ``item/name``: from the manifest (format 2) or the
+        consolidated metadata (format 1), else from the array's ``zarr.json``.
+        ``position``, the item's index when the caller knows it, saves a name lookup."""
+        self.open()
+        found = self._layouts.get((item, name))
+        if found is None:
+            if len(self._layouts) >= MAX_LAYOUTS:  # bounded, whatever the item count
+                self._layouts.clear()
+            path = f"{item}/{name}"
+            meta = (
+                self._metas.get(path)
+                if position is None or self.manifest.shapes is None
+                else self._metas.at(position, name)
+            )
+            if meta is None:
+                try:
+                    key = f"{path}/zarr.json"
+                    raw = (
+                        self.tiers.get(key, lambda: self.origin.read(key))
+                        if self.tiers is not None
+                        else self.origin.read(key)
+                    )
+                    meta = json.loads(raw)
+                except FileNotFoundError:
+                    raise StoreFormatError(
+                        f"{self.url}: item '{item}' has no array '{name}'; check the field names"
+                    ) from None
+            found = parse_array_meta(
+                path,
+                meta,
+                self.manifest.arrays[name].time_axis if name in self.manifest.arrays else None,
+            )
+            self._layouts[(item, name)] = found
+        return found
+
+    def item_attrs(self, position: int) -> dict[str, Any]:
+        """The attributes of item ``position`` (its HDF5 group's), read from its group."""
+        self.open()
+        meta = self._metas.group(position)
+        if meta is None:
+            key = f"{self.manifest.items[position]}/zarr.json"
+            try:
+                meta = json.loads(self.origin.read(key))
+            except FileNotFoundError:
+                raise StoreFormatError(
+                    f"{self.url}/{key} is missing; restore it or reconvert the store"
+                ) from None
+        return decode_attrs(dict(meta.get("attributes", {})))
+
+    def read(
+        self, item: str, spans: dict[str, Span | None], position: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Read ``spans`` (per field; None = the whole array) of ``item`` (at
+        ``position`` in the manifest, when the caller knows it)."""
+        self.open()
+        with self._lock:  # the unmapping thread edits the maps between reads
+            out = self._read(item, spans, position)
+        self._trim()
+        return out
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until the shards this process is building behind its reads are in the
+        RAM tier (a shard that displaces resident ones is built by a background thread
+        while its windows are read from the chunks; see ``zstore.read.builds``).  False if
+        ``timeout`` seconds passed first."""
+        if self._pid != os.getpid() or self.form is None:
+            return True
+        return self.form.behind.wait(timeout)
+
+    def _trim(self) -> None:
+        """Hand the heap back once the windows read as chunks since the last time have
+        decoded TRIM_AFTER bytes (their temporaries would otherwise stay with this
+        process, outside the shared RAM budget)."""
+        if self.form is not None and self.form.chunk_bytes > TRIM_AFTER:
+            self.form.chunk_bytes = 0
+            release_free_memory()
+
+    def _read(
+        self, item: str, spans: dict[str, Span | None], position: int | None = None
+    ) -> dict[str, np.ndarray]:
+        out, plan = self._plan(item, spans, position)
+        if plan:
+            pieces = self._pieces(plan)
+            for name, layout, span in plan:
+                out[name] = _assemble(layout, span, pieces)
+        return out
+
+    def read_batch(
+        self,
+        windows: list[tuple[str, dict[str, Span | None]]],
+        outs: list[dict[str, np.ndarray]],
+        copy: Callable[[list[Callable[[], None]]], None] | None = None,
+    ) -> None:
+        """Read many windows into ``outs`` (one dict of arrays of the exact window shapes
+        per window): the misses of all of them go to the tiers and the origin in one
+        round; ``copy`` runs the copies (e.g. in a thread pool; default: in turn).  The
+        copies are streamed (``zstore.streamcopy``): ``outs`` are batch slots read once
+        the batch is full, not right away."""
+        self.open()
+        jobs: list[Callable[[], None]] = []
+        with self._lock:
+            plans = [self._plan(item, spans) for item, spans in windows]
+            whole = [entry for _, plan in plans for entry in plan]
+            pieces = self._pieces(whole) if whole else {}
+        for (direct, plan), out in zip(plans, outs):
+            for name, arr in direct.items():
+                jobs.append(functools.partial(np.copyto, out[name], arr))
+            for name, layout, span in plan:
+                jobs.append(functools.partial(_copy_into, layout, span, pieces, out[name]))
+        (copy or _run_all)(jobs)
+        del jobs, pieces  # the fetched pieces go before the heap is trimmed
+        self._trim()
+
+    def _plan(
+        self, item: str, spans: dict[str, Span | None], position: int | None = None
+    ) -> tuple[dict[str, np.ndarray], list[tuple[str, ArrayLayout, Span]]]:
+        """Arrays read through zarr (layouts this reader does not handle), and the plan of
+        (field, layout, span) for the rest."""
+        out: dict[str, np.ndarray] = {}
+        plan: list[tuple[str, ArrayLayout, Span]] = []
+        for name, span in spans.items():
+            layout = self.layout(item, name, position)
+            if span is not None and not 0 <= span.start <= span.stop <= layout.length:
+                raise ValueError(
+                    f"{self.url}: window [{span.start}, {span.stop}) of '{item}/{name}' lies "
+                    f"outside the array (length {layout.length} along time); a window must "
+                    "end within every array it reads"
+                )
+            if span is None and layout.fast:
+                span = Span(0, layout.length)
+            if span is None or not layout.fast or layout.length == 0:
+                out[name] = self._read_with_zarr(layout, span)
+            else:
+                plan.append((name, layout, span))
+        return out, plan
+
+    def _pieces(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
+        """Shards (or chunks) covering every span of ``plan``."""
+        if self.form is not None:
+            return self.form.pieces(plan)
+        return chunk_pieces(self.source, plan, ram=self.tiers is not None)
+
+    def _read_with_zarr(self, layout: ArrayLayout, span: Span | None) -> np.ndarray:
+        """Fallback: zarr's own indexing on the cached store."""
+        if self._group is None:
+            import zarr
+
+            store = CachedStore(
+                self.url,
+                store_id=self.manifest.store_id,
+                cache=self.cache,
+                storage_options=self.storage_options,
+                complete=self.manifest.all_chunks_written,
+            )
+            self._group = zarr.open_group(store, mode="r")
+        arr = self._group[layout.path]
+        if span is None:
+            return np.asarray(arr[...])
+        index = [slice(None)] * len(layout.shape)
+        index[layout.time_axis] = slice(span.start, span.stop)
+        data = np.asarray(arr[tuple(index)])
+        if span.pad:
+            widths = [(0, 0)] * data.ndim
+            widths[layout.time_axis] = (0, span.pad)
+            data = np.pad(data, widths)
+        return data
+
+
+def _run_all(jobs: list[Callable[[], None]]) -> None:
+    for job in jobs:
+        job()
+
+
+def _copy_into(layout: ArrayLayout, span: Span, pieces: Pieces, out: np.ndarray) -> None:
+    """One window's copy into its batch slot (a job of :meth:`WindowReader.read_batch`)."""
+    _assemble(layout, span, pieces, out, stream=True)
+
+
+def window_shape(layout: ArrayLayout, span: Span) -> tuple[int, ...]:
+    """The shape of ``span`` of an array: its own, with the window's length along time."""
+    shape = list(layout.shape)
+    shape[layout.time_axis] = span.stop - span.start + span.pad
+    return tuple(shape)
+
+
+def _assemble(
+    layout: ArrayLayout,
+    span: Span,
+    pieces: Pieces,
+    out: np.ndarray | None = None,
+    stream: bool = False,
+) -> np.ndarray:
+    """One copy of ``span`` out of the pieces (chunks or shards) that cover it, into
+    ``out`` when given (it must have the window's shape and the array's dtype); with
+    ``stream`` the copy bypasses the CPU's cache (for a batch slot read later)."""
+    axis = layout.time_axis
+    shape = window_shape(layout, span)
+    if out is None:
+        out = np.empty(shape, dtype=layout.dtype)
+    elif out.shape != shape or out.dtype != layout.dtype:
+        raise ValueError(
+            f"'{layout.path}': a window of shape {tuple(shape)} ({layout.dtype}) "
+            f"does not fit the batch slot of shape {out.shape} ({out.dtype}); "
+            "items of a batch need the same shape apart from time"
+        )
+    dst = [slice(None)] * len(shape)
+    src = [slice(None)] * len(shape)
+    covered = 0
+    for (path, _), (offset, arr) in pieces.items():
+        if path != layout.path:
+            continue
+        lo = max(span.start, offset)
+        hi = min(span.stop, offset + arr.shape[axis])
+        if lo >= hi:
+            continue
+        dst[axis] = slice(lo - span.start, hi - span.start)
+        src[axis] = slice(lo - offset, hi - offset)
+        if isinstance(arr, Lazy):
+            arr = arr.decoded()
+        if stream:
+            copy_streamed(out[tuple(dst)], arr[tuple(src)])
+        else:
+            out[tuple(dst)] = arr[tuple(src)]
+        covered += hi - lo
+    if covered != span.stop - span.start:  # never hand out np.empty's leftover memory
+        raise IntegrityError(
+            f"'{layout.path}': the pieces read cover {covered} of the "
+            f"{span.stop - span.start} samples of window [{span.start}, "
+            f"{span.stop}); this is a bug in zstore, please report it"
+        )
+    if span.pad:
+        dst[axis] = slice(span.stop - span.start, None)
+        out[tuple(dst)] = 0
+    return out

@@ -1,0 +1,243 @@
+"""``open_store``: a read-only zarr v3 Store with the node-shared cache tiers in front of the origin.
+
+Every read zarr makes goes through the tiers -- whole objects, byte ranges
+(``get``), ``get_partial_values`` and ``get_sync`` -- so sharded reads, which
+fetch one byte range per inner chunk, are cached too.  Cache keys are
+``<store id>/<key>#<byte range>``; the reader in :mod:`zstore.read.reader` uses the
+same keys, so both paths share cached bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+)
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+
+from zstore.cache.options import CacheConfig, as_cache_config
+from zstore.cache.tiered import TieredCache
+from zstore.format.layout import MANIFEST_ATTR
+from zstore.format.manifest import read_manifest, read_root
+from zstore.origin import Origin
+from zstore.urls import zarr_store
+
+_READ_ONLY = "store was opened in read-only mode and does not support writing"
+
+
+def range_suffix(byte_range: ByteRequest | None) -> str:
+    """The cache-key suffix of a byte range: ``#r10-20``, ``#o10``, ``#s16`` or ``""``."""
+    if byte_range is None:
+        return ""
+    if isinstance(byte_range, RangeByteRequest):
+        return f"#r{byte_range.start}-{byte_range.end}"
+    if isinstance(byte_range, OffsetByteRequest):
+        return f"#o{byte_range.offset}"
+    if isinstance(byte_range, SuffixByteRequest):
+        return f"#s{byte_range.suffix}"
+    raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
+
+
+class CachedStore(Store):
+    """Read-only zarr Store: the tiers of ``cache`` in front of the store at ``url``.
+
+    Args:
+        url: local path, NFS path or fsspec URL of the origin store.
+        store_id: the cache namespace (the manifest's store id).
+        cache: tier settings; ``None`` reads the origin directly.
+        storage_options: passed to fsspec.
+    """
+
+    supports_writes = False
+    supports_deletes = False
+    supports_partial_writes = False
+    supports_listing = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        store_id: str,
+        cache: CacheConfig | None = None,
+        storage_options: dict[str, Any] | None = None,
+        read_only: bool = True,
+        complete: bool = False,
+    ):
+        super().__init__(read_only=True)
+        if not read_only:
+            raise ValueError(
+                f"{url}: zstore's cached store is read-only; write through "
+                "zarr.storage or 'zstore convert' instead"
+            )
+        self.url = str(url)
+        self.store_id = store_id
+        self.cache = cache
+        self.storage_options = dict(storage_options or {})
+        self.complete = complete
+        self._metas: Any = None  # the store's ArrayMetas, read on the first missing key
+        self._origin = zarr_store(self.url, self.storage_options, read_only=True)
+        self.tiers = TieredCache(cache.resolved(), store_id) if cache is not None else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "store_id": self.store_id,
+            "cache": self.cache,
+            "storage_options": self.storage_options,
+            "complete": self.complete,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(self, **state)
+
+    def __repr__(self) -> str:
+        return f"CachedStore({self.url!r}, store_id={self.store_id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, CachedStore)
+            and self.url == other.url
+            and self.store_id == other.store_id
+            and self.cache == other.cache
+        )
+
+    def with_read_only(self, read_only: bool = False) -> CachedStore:
+        return CachedStore(
+            self.url,
+            store_id=self.store_id,
+            cache=self.cache,
+            storage_options=self.storage_options,
+            read_only=read_only,
+            complete=self.complete,
+        )
+
+    async def _fetch(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None
+    ) -> bytes | None:
+        buf = await self._origin.get(key, prototype, byte_range)
+        if buf is None:
+            return None
+        value = buf.to_bytes()
+        if self.tiers is not None:
+            self.tiers.stats.add("origin_requests")
+            self.tiers.stats.add("origin_bytes", len(value))
+        return value
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        await self._ensure_open()
+        if self.tiers is None:
+            buf = await self._origin.get(key, prototype, byte_range)
+            if buf is None:
+                self._check_missing(key)
+            return buf
+        ckey = key + range_suffix(byte_range)
+        value = self.tiers.lookup(ckey)
+        if value is None:
+            value = await self._fetch(key, prototype, byte_range)
+            if value is None:
+                self._check_missing(key)
+                return None  # missing at the origin: zarr reads the fill value
+            self.tiers.fill(ckey, value)
+        return prototype.buffer.from_bytes(value)
+
+    def _check_missing(self, key: str) -> None:
+        """Raise for a chunk object that a complete store must hold (zarr would read the
+        fill value, i.e. zeros, for it); other missing keys are zarr's business."""
+        if not self.complete:
+            return
+        from zstore.read.chunks import chunk_array, missing_error
+
+        array = chunk_array(key)
+        if not array:
+            return
+        if self._metas is None:
+            self._metas = read_manifest(self.url, self.storage_options)[1]
+        if self._metas.is_array(array):
+            raise missing_error(self.url, key, "object")
+
+    def get_sync(
+        self,
+        key: str,
+        *,
+        prototype: BufferPrototype | None = None,
+        byte_range: ByteRequest | None = None,
+    ) -> Buffer | None:
+        """Synchronous :meth:`get` (zarr's sync read path)."""
+        from zarr.core.sync import sync
+
+        return sync(self.get(key, prototype or default_buffer_prototype(), byte_range))
+
+    async def get_partial_values(
+        self,
+        prototype: BufferPrototype,
+        key_ranges: Iterable[tuple[str, ByteRequest | None]],
+    ) -> list[Buffer | None]:
+        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
+
+    async def exists(self, key: str) -> bool:
+        return await self._origin.exists(key)
+
+    async def getsize(self, key: str) -> int:
+        return await self._origin.getsize(key)
+
+    async def set(self, key: str, value: Buffer) -> None:
+        raise ValueError(_READ_ONLY)
+
+    async def delete(self, key: str) -> None:
+        raise ValueError(_READ_ONLY)
+
+    async def clear(self) -> None:
+        raise ValueError(_READ_ONLY)
+
+    def list(self) -> AsyncIterator[str]:
+        return self._origin.list()
+
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        return self._origin.list_prefix(prefix)
+
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        return self._origin.list_dir(prefix)
+
+
+def open_store(
+    url: str,
+    *,
+    cache: CacheConfig | bool | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> CachedStore:
+    """Open the store at ``url`` (path or fsspec URL) read-only, with the cache tiers.
+
+    ``zarr.open_group(zstore.open_store(url), mode="r")`` then reads through the
+    node-shared cache.  ``cache=None`` uses :class:`CacheConfig` defaults and the
+    ``ZSTORE_*`` environment; ``cache=False`` reads the origin directly.
+    """
+    url = str(url)
+    config = as_cache_config(cache)
+    meta = read_root(Origin(url, storage_options), url)
+    manifest = meta.get("attributes", {}).get(MANIFEST_ATTR, {})
+    store_id = manifest.get("store_id")
+    if store_id is None and config is not None:
+        warnings.warn(
+            f"{url} has no zstore manifest, so it is read without the cache "
+            "(a cache needs the store id to stay correct); convert it with "
+            "'zstore convert'",
+            stacklevel=2,
+        )
+        config = None
+    return CachedStore(
+        url,
+        store_id=store_id or "",
+        cache=config,
+        storage_options=storage_options,
+        complete=bool(manifest.get("all_chunks_written")),
+    )

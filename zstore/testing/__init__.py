@@ -1,0 +1,10 @@
+"""Helpers for tests and benchmarks: a file system with modelled latency, bandwidth and
+failures (S3- and NFS-like origins), and synthetic speech corpora in HDF5.
+
+May import: h5py, numpy, fsspec.  Nothing in the library imports it.
+"""
+
+from zstore.testing.modelled import ModelledFileSystem
+from zstore.testing.synthetic import SyntheticSpec, make_synthetic
+
+__all__ = ["ModelledFileSystem", "SyntheticSpec", "make_synthetic"]

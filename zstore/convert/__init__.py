@@ -9,6 +9,7 @@ errors).  Never the cache, the read path, training or torch.
 """
 
 from zstore.convert.append import append
-from zstore.convert.pipeline import CODECS, ConvertReport, convert
+from zstore.convert.items import CODECS
+from zstore.convert.pipeline import ConvertReport, convert
 
 __all__ = ["CODECS", "ConvertReport", "append", "convert"]

@@ -20,14 +20,8 @@ from typing import Any
 import numpy as np
 
 from zstore.convert.corpus import expand_sources, file_identity, identity_mark, source_name, stems
-from zstore.convert.pipeline import (
-    ConvertReport,
-    _Job,
-    _verify,
-    check_options,
-    with_dtypes,
-    write_missing,
-)
+from zstore.convert.items import Job, verify_all, write_missing
+from zstore.convert.pipeline import ConvertReport, check_options, with_dtypes
 from zstore.convert.source import SourcePlan, plan
 from zstore.convert.storelock import store_lock
 from zstore.convert.tasks import cluster_client
@@ -98,7 +92,7 @@ def append(
             )
         source = _plan_new(files, manifest, dst)
         marks = tuple((f, identity_mark(identities[f])) for f in files)
-        job = _Job(
+        job = Job(
             files[0],
             dst,
             storage_options,
@@ -111,7 +105,7 @@ def append(
         with cluster_client(dask) as client:
             todo, written = write_missing(job, source, workers, progress, "append", client)
             if verify:
-                _verify(job, source, workers, progress, client)
+                verify_all(job, source, workers, progress, client)
         before = int(manifest.extra.get("store_bytes", -1))
         nbytes = (
             before + written

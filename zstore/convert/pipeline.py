@@ -5,48 +5,37 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from zstore.convert.corpus import expand_sources
 from zstore.convert.corpus import fingerprint as corpus_fingerprint
-from zstore.convert.source import SourceItem, SourcePlan, open_source, plan
+from zstore.convert.items import Job, compressors, verify_all, write_missing
+from zstore.convert.source import SourcePlan, plan
 from zstore.convert.storelock import LOCK_NAME, store_lock, wipe
-from zstore.convert.tasks import Progress, cluster_client, local_pool, run_batches
-from zstore.errors import DestinationError, SourceError, StoreFormatError
-from zstore.format.attrs import hdf5_attrs
+from zstore.convert.tasks import cluster_client, local_pool
+from zstore.errors import DestinationError, SourceError
 from zstore.format.layout import (
-    DONE_ATTR,
     MANIFEST_ATTR,
     PROGRESS_ATTR,
     ArrayInfo,
     Manifest,
-    geometry,
 )
 from zstore.format.manifest import build, publish, shape_rows
 from zstore.format.objects import (
-    ObjectWriter,
-    array_meta,
     data_type,
-    dumps,
-    encode_array,
-    group_meta,
-    handles,
 )
 from zstore.units import format_size
 from zstore.urls import store_bytes, zarr_store
 
-CODECS = ("lz4", "zstd", "none")
 #: What a store's objects look like; part of a conversion's fingerprint, so a store that
 #: an older zstore began is not resumed with another layout.  2: every chunk is written;
 #: 3: chunks of small arrays hold at least MIN_CHUNK_BYTES.
@@ -122,19 +111,6 @@ def check_destination(dst: str, storage_options: dict[str, Any] | None) -> None:
         )
 
 
-def compressors(codec: str) -> list[Any]:
-    """Blosc lz4 + bitshuffle (ratio ~1.96, ~3 GB/s decode on the synthetic speech) by default."""
-    if codec == "lz4":
-        return [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"), Crc32cCodec()]
-    if codec == "zstd":
-        return [BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle"), Crc32cCodec()]
-    if codec == "none":
-        return [Crc32cCodec()]
-    if codec == "zstd-plain":
-        return [ZstdCodec(level=3), Crc32cCodec()]
-    raise SourceError(f"codec {codec!r} is not known; pick one of {', '.join(CODECS)}")
-
-
 @dataclass
 class ConvertReport:
     """What :func:`convert` did."""
@@ -188,183 +164,6 @@ class ConvertReport:
         if self.verified:
             lines.append("verified: every array equals the source")
         return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class _Job:
-    src: str
-    dst: str
-    storage_options: dict[str, Any] | None
-    arrays: dict[str, ArrayInfo]
-    chunk_seconds: float
-    codec: str
-    #: per source file, the completion mark its items carry (an append's items name their
-    #: file's version, so a rerun after the file changed writes them anew); else True
-    marks: tuple[tuple[str, str], ...] = ()
-
-    def mark(self, source: str) -> str | bool:
-        return dict(self.marks).get(source, True)
-
-
-def _geometry(
-    shape: tuple[int, ...], info: ArrayInfo, chunk_seconds: float, itemsize: int
-) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    return geometry(shape, info.rate, info.time_axis, chunk_seconds, itemsize)
-
-
-def _read(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.ndarray:
-    try:
-        return (src_group[name] if ds is None else ds)[()]
-    except (OSError, RuntimeError) as e:
-        raise SourceError(
-            f"{item.source}: reading '{item.group}/{name}' failed ({e}); the "
-            "file may be truncated or corrupt: re-copy it"
-        ) from None
-
-
-def _write_items(job: _Job, items: list[SourceItem]) -> list[int]:
-    """Write a batch of items (one task); each is marked complete only after all its
-    arrays are written.  Arrays of the converter's usual form are encoded here
-    (:mod:`zstore.format.objects`); others go through zarr's API.  Each item's stored bytes."""
-    writer = ObjectWriter(job.dst, job.storage_options)
-    root: Any = None
-    out = []
-    for item, src_group in _groups(items):
-        objects: dict[str, bytes] = {}
-        by_zarr = []
-        for name in item.shapes:
-            ds = src_group[name]
-            shape, dtype = tuple(ds.shape), ds.dtype
-            chunks, shards = _geometry(shape, job.arrays[name], job.chunk_seconds, dtype.itemsize)
-            if not handles(job.codec, dtype, shape):
-                by_zarr.append(name)
-                continue
-            data = _read(src_group, item, name, ds)
-            axis = job.arrays[name].time_axis
-            prefix = f"{item.name}/{name}/"
-            objects[prefix + "zarr.json"] = dumps(
-                array_meta(
-                    shape, dtype, chunks, shards, job.codec, hdf5_attrs(ds), job.arrays[name].dims
-                )
-            )
-            for key, blob in encode_array(
-                data, chunks, shards, job.codec, -1 if axis is None else axis
-            ).items():
-                objects[prefix + key] = blob
-        _parents(writer, item.name)
-        writer.put(objects, atomic=False)  # the completion mark, written last, vouches
-        if by_zarr:
-            if root is None:
-                root = zarr.open_group(
-                    zarr_store(job.dst, job.storage_options, read_only=False), mode="r+"
-                )
-            _write_by_zarr(job, root, src_group, item, by_zarr)
-        mark = group_meta({**hdf5_attrs(src_group), DONE_ATTR: job.mark(item.source)})
-        writer.put({f"{item.name}/zarr.json": mark})
-        out.append(
-            store_bytes(f"{job.dst.rstrip('/')}/{item.name}", job.storage_options)
-            if by_zarr
-            else len(mark) + sum(len(v) for v in objects.values())
-        )
-    return out
-
-
-def _groups(items: list[SourceItem]) -> Iterator[tuple[SourceItem, Any]]:
-    """Each item with its HDF5 group, every source file opened once."""
-    by_file: dict[str, list[SourceItem]] = {}
-    for it in items:
-        by_file.setdefault(it.source, []).append(it)
-    for source_file, batch in by_file.items():
-        with open_source(source_file) as f:
-            for item in batch:
-                yield item, f[item.group]
-
-
-def _parents(writer: ObjectWriter, name: str) -> None:
-    """Groups above a nested item (``spk/rec9``): Zarr v3 has no implicit groups."""
-    parts = name.split("/")[:-1]
-    for k in range(1, len(parts) + 1):
-        key = "/".join(parts[:k]) + "/zarr.json"
-        if key not in writer.written_groups and not writer.exists(key):
-            writer.put({key: group_meta({})})
-        writer.written_groups.add(key)
-
-
-def _write_by_zarr(
-    job: _Job, root: zarr.Group, src_group: Any, item: SourceItem, names: list[str]
-) -> None:
-    group = root.require_group(item.name)
-    for name in names:
-        ds = src_group[name]
-        data = _read(src_group, item, name)
-        chunks, shards = _geometry(
-            tuple(ds.shape), job.arrays[name], job.chunk_seconds, ds.dtype.itemsize
-        )
-        arr = group.create_array(
-            name,
-            shape=ds.shape,
-            dtype=ds.dtype,
-            chunks=chunks,
-            shards=shards,
-            compressors=compressors(job.codec),
-            fill_value=0,
-            overwrite=True,
-            attributes=hdf5_attrs(ds),
-            config={"write_empty_chunks": True},
-            dimension_names=job.arrays[name].dims,
-        )
-        if data.size:
-            arr[...] = data
-
-
-def _verify_items(job: _Job, items: list[SourceItem]) -> list[str]:
-    """Problems found comparing a batch of items with the source.  Arrays of the
-    converter's usual form are compared object by object with the source encoded again
-    (the encoding is deterministic and equals zarr's); others are read back by zarr."""
-    writer = ObjectWriter(job.dst, job.storage_options)
-    root: Any = None
-    problems = []
-    for item, src_group in _groups(items):
-        for name in item.shapes:
-            expected = _read(src_group, item, name)
-            where = f"{item.name}/{name}"
-            if handles(job.codec, expected.dtype, expected.shape):
-                problems += _compare_objects(job, writer, where, name, expected)
-                continue
-            if root is None:
-                root = zarr.open_group(
-                    zarr_store(job.dst, job.storage_options, read_only=True),
-                    mode="r",
-                    use_consolidated=False,
-                )
-            try:
-                got = root[where][...]
-            except Exception as e:  # a checksum or codec failure is a finding
-                problems.append(f"{where}: cannot be read back ({e})")
-                continue
-            if got.shape != expected.shape or got.tobytes() != expected.tobytes():
-                problems.append(f"{where}: values differ from the source")
-    return problems
-
-
-def _compare_objects(
-    job: _Job, writer: ObjectWriter, where: str, name: str, data: np.ndarray
-) -> list[str]:
-    info = job.arrays[name]
-    chunks, shards = _geometry(data.shape, info, job.chunk_seconds, data.dtype.itemsize)
-    want = encode_array(
-        data, chunks, shards, job.codec, -1 if info.time_axis is None else info.time_axis
-    )
-    got = writer.read_many([f"{where}/{k}" for k in want])
-    meta = writer.read_many([f"{where}/zarr.json"])
-    if not meta:
-        return [f"{where}: cannot be read back (its zarr.json is missing)"]
-    missing = [k for k in want if f"{where}/{k}" not in got]
-    if missing:
-        return [f"{where}: cannot be read back (object {missing[0]} is missing)"]
-    if any(got[f"{where}/{k}"] != v for k, v in want.items()):
-        return [f"{where}: values differ from the source (a stored object differs)"]
-    return []
 
 
 def _prepare_destination(
@@ -473,7 +272,7 @@ def convert(
         check_destination(dst, storage_options)
         fingerprint = corpus_fingerprint(files, options)
         client = stack.enter_context(cluster_client(dask))  # before the destination is touched
-        job = _Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
+        job = Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
         return _convert(
             job,
             source,
@@ -490,7 +289,7 @@ def convert(
 
 
 def _convert(
-    job: _Job,
+    job: Job,
     source: SourcePlan,
     files: list[str],
     fingerprint: dict[str, Any],
@@ -521,7 +320,7 @@ def _convert(
 
 
 def _convert_locked(
-    job: _Job,
+    job: Job,
     source: SourcePlan,
     files: list[str],
     fingerprint: dict[str, Any],
@@ -549,7 +348,7 @@ def _convert_locked(
         warnings.warn(f"{job.src}: skipping {s}", stacklevel=3)
     if root is None:  # finished earlier from the same source and options
         if verify:
-            _verify(job, source, workers, progress, client, pool)
+            verify_all(job, source, workers, progress, client, pool)
         report = _report(source, dst, storage_options, t0, 0, total_src)
         report.verified, report.sources = verify, files
         return report
@@ -559,74 +358,12 @@ def _convert_locked(
     nbytes = written if written is not None else store_bytes(dst, storage_options)
     manifest, table = _manifest(source, job.codec, job.chunk_seconds, fingerprint, nbytes)
     if verify:
-        _verify(job, source, workers, progress, client, pool)
+        verify_all(job, source, workers, progress, client, pool)
     publish(dst, storage_options, manifest.header(), table)
     report = _report(source, dst, storage_options, t0, len(todo), total_src, nbytes)
     report.verified, report.store_id = verify, manifest.store_id
     report.sources = files
     return report
-
-
-def _verify(
-    job: _Job,
-    source: SourcePlan,
-    workers: int,
-    progress: bool,
-    client: Any = None,
-    pool: cf.ProcessPoolExecutor | None = None,
-) -> None:
-    bar = Progress(len(source.items), "verify", progress)
-    try:
-        problems = run_batches(_verify_items, job, source.items, workers, bar, client, pool)
-    finally:
-        bar.close()
-    if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise StoreFormatError(
-            f"{job.dst}: verification failed: {'; '.join(problems[:5])}"
-            f"{more}; rerun with --overwrite to convert again"
-        )
-
-
-def write_missing(
-    job: _Job,
-    source: SourcePlan,
-    workers: int,
-    progress: bool,
-    desc: str,
-    client: Any = None,
-    fresh: bool = False,
-    pool: cf.ProcessPoolExecutor | None = None,
-) -> tuple[list[SourceItem], int | None]:
-    """Write the items of ``source`` not yet complete in the store (none are when it is
-    ``fresh``): the ones written, and their stored bytes when every item of ``source``
-    was written now (None when some were done before: the caller measures the store)."""
-    done = set() if fresh else _finished_items(job, source.items)
-    todo = [it for it in source.items if it.name not in done]
-    bar = Progress(len(source.items), desc, progress)
-    bar.update(len(source.items) - len(todo), 0)
-    try:
-        written = run_batches(_write_items, job, todo, workers, bar, client, pool)
-    finally:
-        bar.close()
-    return todo, (sum(written) if not done else None)
-
-
-def _finished_items(job: _Job, items: list[SourceItem]) -> set[str]:
-    """The items whose group carries the completion mark (written after their arrays)
-    that this job would write (an append's mark names its source file's version)."""
-    writer = ObjectWriter(job.dst, job.storage_options)
-    found = writer.read_many([f"{it.name}/zarr.json" for it in items])
-    done = set()
-    for it in items:
-        raw = found.get(f"{it.name}/zarr.json")
-        try:
-            mark = json.loads(raw).get("attributes", {}).get(DONE_ATTR) if raw else None
-        except ValueError:
-            continue  # cut short by a crash: not complete
-        if mark is not None and mark == job.mark(it.source):
-            done.add(it.name)
-    return done
 
 
 def _manifest(

@@ -132,7 +132,7 @@ def test_a_damaged_node_copy_of_the_item_table_is_made_anew(s3, small_h5, tmp_pa
     ds = zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
     assert all(ds[i]["wav"].equal(expected[i]) for i in range(6))
     (again,) = (tmp_path / "ram").rglob("tables/*zstore_items_*")
-    from zstore.format.table import MAGIC  # the copy was replaced by a good one
+    from zstore.format._table import MAGIC  # the copy was replaced by a good one
 
     assert again.read_bytes().startswith(MAGIC)
     zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)

@@ -11,7 +11,7 @@ import numpy as np
 
 def fill_same_key(tier_dir: str, budget: int, barrier, rounds: int, queue) -> None:
     """Write and read one key many times; report any value that is not exactly right."""
-    from zstore.cache.stats import Stats
+    from zstore.cache._stats import Stats
     from zstore.cache.tier import Tier
 
     tier = Tier("ram", tier_dir, budget, Stats(None))
@@ -29,7 +29,7 @@ def fill_same_key(tier_dir: str, budget: int, barrier, rounds: int, queue) -> No
 def write_then_hang(tier_dir: str, ready_file: str) -> None:
     """Start a put, write half the value file, tell the parent, then wait to be killed."""
     from zstore.cache import tier as tier_module
-    from zstore.cache.stats import Stats
+    from zstore.cache._stats import Stats
 
     original = tier_module._Disk._write
 

@@ -177,7 +177,7 @@ def run_config(
 
 
 def counters(config: Any) -> dict[str, int]:
-    from zstore.cache.stats import read_stats
+    from zstore.cache._stats import read_stats
     from zstore.cache.tiered import node_dir
 
     return read_stats(node_dir(config.resolved(), "stats"))

@@ -81,7 +81,7 @@ def rank(
 
 
 def node_counts(work: str, budget: int) -> dict[str, int]:
-    from zstore.cache.stats import read_stats
+    from zstore.cache._stats import read_stats
     from zstore.cache.tiered import node_dir
 
     total: dict[str, int] = {}

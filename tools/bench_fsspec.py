@@ -91,7 +91,7 @@ def run(kind: str, path: str, work: str, ranges: list[int]) -> dict[str, Any]:
         p.start()
     barrier.wait()
     reports = [queue.get(timeout=3600) for _ in procs]
-    from zstore.cache.upkeep import bytes_on_disk
+    from zstore.cache._upkeep import bytes_on_disk
 
     tmpfs = bytes_on_disk(shm)
     disk = bytes_on_disk(os.path.join(work, "zstore-ssd" if kind == "zstore" else kind))

@@ -32,10 +32,7 @@ try:  # fsspec >= 2025: marks a file system layered over another, so that a chai
 except ImportError:  # pragma: no cover - older fsspec: use cached_filesystem() instead
     from fsspec.spec import AbstractFileSystem as _Base
 
-from zstore.cache.files import write_json
-from zstore.cache.options import CacheConfig, as_cache_config
-from zstore.cache.ownership import make_dir
-from zstore.cache.tiered import TieredCache
+from zstore.cache import CacheConfig, TieredCache, as_cache_config, make_dir, write_json
 from zstore.errors import ConfigError, IntegrityError
 from zstore.units import parse_size
 

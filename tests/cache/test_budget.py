@@ -12,9 +12,9 @@ import zarr
 from conftest import zstore_cli
 
 import zstore
-from zstore.cache.admission import FrequencySketch, admit, sketch_width
+from zstore.cache._admission import FrequencySketch, admit, sketch_width
+from zstore.cache._stats import Stats
 from zstore.cache.ram_format import choose
-from zstore.cache.stats import Stats
 from zstore.cache.tier import Tier
 from zstore.format.layout import Span
 from zstore.read.reader import WindowReader
@@ -267,7 +267,7 @@ def test_a_shard_that_displaces_others_is_built_behind_the_reads(
     """Once the RAM tier is full, a shard admission lets in is decoded into the tier by a
     background thread: the read that admitted it returns at once, from the chunks, with
     the right values, and once the build is done the shard's windows are RAM hits."""
-    from zstore.read.builds import BehindBuilds
+    from zstore.read._builds import BehindBuilds
 
     submitted: list[str] = []
     real_submit = BehindBuilds.submit
@@ -306,7 +306,7 @@ def test_a_failed_build_behind_the_reads_is_logged_and_reads_go_on(
     import logging
     import threading
 
-    from zstore.read.ram_shards import DecodedShards
+    from zstore.read._ram_shards import DecodedShards
 
     class Records(logging.Handler):
         def __init__(self):

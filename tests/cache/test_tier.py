@@ -15,7 +15,7 @@ from conftest import PYTHON, spawn_all, subprocess_env
 
 import zstore
 from zstore.cache import TieredCache, cache_stats, clear_cache
-from zstore.cache.stats import Stats
+from zstore.cache._stats import Stats
 from zstore.cache.tier import Tier
 from zstore.cache.value import HEADER_SIZE
 
@@ -46,7 +46,7 @@ def test_bytes_on_disk_stay_within_budget(tmp_path):
         assert tier.usage()["bytes_on_disk"] <= budget
     usage = tier.usage()
     assert usage["entries"] >= 10  # the budget is used, not wasted
-    counts = zstore.cache.stats.read_stats(str(tmp_path / "stats"))
+    counts = zstore.cache._stats.read_stats(str(tmp_path / "stats"))
     assert counts["ram_evictions"] == 60 - usage["entries"]
 
 
@@ -68,7 +68,7 @@ def test_evictions_are_logged_after_their_files_are_gone(tmp_path):
     tier.evictions.record = record_checked  # type: ignore[method-assign]
     for key, value in values(40, 150_000).items():
         assert tier.put(key, value)
-    counts = zstore.cache.stats.read_stats(str(tmp_path / "stats"))
+    counts = zstore.cache._stats.read_stats(str(tmp_path / "stats"))
     assert counts["ram_evictions"] > 0 and len(logged) == counts["ram_evictions"]
     assert tier.evictions.since(0) == (len(logged), logged)
 
@@ -83,7 +83,7 @@ def test_value_larger_than_budget_bypasses(tmp_path):
     assert cache.ram.get(cache.key("big")) is None and cache.ssd.get(cache.key("big")) is None
     for tier in (cache.ram, cache.ssd):
         assert tier.usage()["bytes_on_disk"] <= 1_000_000
-    counts = zstore.cache.stats.read_stats(str(tmp_path / "ram" / "stats"))
+    counts = zstore.cache._stats.read_stats(str(tmp_path / "ram" / "stats"))
     assert counts["ram_bypassed"] == 2 and counts["ssd_bypassed"] == 2
 
 
@@ -116,7 +116,7 @@ def test_corrupted_values_are_dropped_and_fetched_again(tmp_path):
     for k, v in data.items():
         assert cache.get(k, lambda k=k, v=v: fetched.append(k) or v) == v
     assert sorted(fetched) == sorted(data)  # every corrupt value went back to the origin
-    counts = zstore.cache.stats.read_stats(str(tmp_path / "ram" / "stats"))
+    counts = zstore.cache._stats.read_stats(str(tmp_path / "ram" / "stats"))
     assert counts["ram_corrupt"] == 5 and counts["ssd_corrupt"] == 5
     for k, v in data.items():
         assert cache.get(k, lambda: b"wrong") == v  # refilled with good values

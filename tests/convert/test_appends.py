@@ -196,7 +196,7 @@ def test_concurrent_appends_lose_no_item(tmp_path):
 
 
 def test_an_append_waits_for_the_lock_another_writer_holds(tmp_path):
-    from zstore.convert.storelock import store_lock
+    from zstore.convert._storelock import store_lock
 
     dst = base_store(tmp_path)
     new = write_h5(tmp_path / "new.h5", speech(2, [1.0]))

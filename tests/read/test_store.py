@@ -19,7 +19,7 @@ from zarr.core.buffer import cpu, default_buffer_prototype
 from zarr.testing.store import StoreTests
 
 import zstore
-from zstore.read.zarr_store import CachedStore
+from zstore.read._zarr_store import CachedStore
 
 READ_ONLY = "store was opened in read-only mode and does not support writing"
 

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import zstore
-from zstore.train.window_draw import draw_start
+from zstore.train._window_draw import draw_start
 
 
 def test_item_layout_and_alignment(small_store, cache):

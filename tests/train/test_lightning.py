@@ -151,3 +151,12 @@ def test_a_resumed_run_draws_the_windows_of_the_epoch_it_resumes_into(
     assert resumed and all(x[0] == 1 for x in resumed)
     assert resumed == epoch1  # the same windows in the same order
     assert sorted(map(tuple, epoch1)) != sorted((1, *x[1:]) for x in straight if x[0] == 0)
+
+
+def test_importing_zstore_does_not_import_lightning():
+    """Lightning takes seconds to import; every DataLoader worker and rank imports zstore."""
+    code = "import sys, zstore; sys.exit('lightning' in sys.modules or 'pytorch_lightning' in sys.modules)"
+    proc = subprocess.run(
+        [PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr

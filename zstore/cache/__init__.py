@@ -10,21 +10,28 @@ May import: the shared leaves only (errors, units, urls).  Never :mod:`zstore.fo
 :mod:`zstore.read`, :mod:`zstore.train` or torch: the cache knows bytes under keys.
 """
 
-from zstore.cache.files import write_json
+from zstore.cache.files import open_file, write_json
 from zstore.cache.options import CacheConfig, ResolvedCache, as_cache_config
 from zstore.cache.ownership import make_dir
+from zstore.cache.ram_format import FormatChoice, choose, record
 from zstore.cache.tier import Tier
 from zstore.cache.tiered import TieredCache, cache_stats, clear_cache, mark_stats
+from zstore.cache.value import Checked
 
 __all__ = [
+    "as_cache_config",
+    "cache_stats",
     "CacheConfig",
+    "Checked",
+    "choose",
+    "clear_cache",
+    "FormatChoice",
+    "make_dir",
+    "mark_stats",
+    "open_file",
+    "record",
     "ResolvedCache",
     "Tier",
     "TieredCache",
-    "as_cache_config",
-    "cache_stats",
-    "clear_cache",
-    "make_dir",
-    "mark_stats",
     "write_json",
 ]

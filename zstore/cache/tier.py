@@ -8,8 +8,8 @@ index files (eviction runs *before* an insert, in the same transaction), page
 rounding of sizes, a sweep of files left by killed writers, and graceful
 degradation: any failure of the tier warns once and reads fall through.
 
-Who gives way in a full tier is :mod:`zstore.cache.space`; where a tier may live,
-:mod:`zstore.cache.location`; the directory's upkeep, :mod:`zstore.cache.upkeep`.
+Who gives way in a full tier is :mod:`zstore.cache._space`; where a tier may live,
+:mod:`zstore.cache._location`; the directory's upkeep, :mod:`zstore.cache._upkeep`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 import diskcache
 import numpy as np
 
-import zstore.cache.upkeep as upkeep
-from zstore.cache.evictions import EvictionLog
+import zstore.cache._upkeep as upkeep
+from zstore.cache._evictions import EvictionLog
+from zstore.cache._location import refusal
+from zstore.cache._space import Refused, Room, rounded
+from zstore.cache._stats import Stats
 from zstore.cache.files import fix_file
-from zstore.cache.location import refusal
 from zstore.cache.ownership import describe, make_dir
-from zstore.cache.space import Refused, Room, rounded
-from zstore.cache.stats import Stats
 from zstore.cache.value import Checked, Parts, header, open_value
 from zstore.urls import network_fs_type
 
@@ -326,7 +326,7 @@ class Tier:
     def admits_as(self, key: str, nbytes: int, *, blocked: bool = False) -> str | None:
         """How :meth:`put` would store a value of ``nbytes`` under ``key`` now: ``"room"``
         (it fits in the free room), ``"displace"`` (admission lets it displace resident
-        values), or None (refused; see :mod:`zstore.cache.space`)."""
+        values), or None (refused; see :mod:`zstore.cache._space`)."""
         if not self.fits(nbytes, blocked=blocked):
             return None
         cache = self._open()

@@ -8,12 +8,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zstore.cache.location import refusal
-from zstore.cache.locks import StripedLocks
+from zstore.cache._location import refusal
+from zstore.cache._locks import StripedLocks
+from zstore.cache._stats import Stats, mark, read_since_mark, read_stats, summarize
 from zstore.cache.options import CacheConfig, ResolvedCache
 from zstore.cache.ownership import describe, problem
 from zstore.cache.ram_format import recorded
-from zstore.cache.stats import Stats, mark, read_since_mark, read_stats, summarize
 from zstore.cache.tier import Tier
 from zstore.units import format_size
 

@@ -6,8 +6,8 @@ Holds the argument parser and commands, ``store_info`` (``zstore info``), ``warm
 May import every other layer; nothing imports it but :mod:`zstore` itself.
 """
 
-from zstore.cli.info import store_info
-from zstore.cli.main import build_parser, main
+from zstore.cli._info import store_info
+from zstore.cli._main import build_parser, main
 from zstore.cli.warm import warm
 
 __all__ = ["build_parser", "main", "store_info", "warm"]

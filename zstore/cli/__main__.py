@@ -2,6 +2,6 @@
 
 import sys
 
-from zstore.cli.main import main
+from zstore.cli._main import main
 
 sys.exit(main())

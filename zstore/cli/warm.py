@@ -8,10 +8,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from zstore.cache.options import CacheConfig
-from zstore.format.layout import Span
-from zstore.format.manifest import read_manifest
-from zstore.read.reader import WindowReader
+from zstore.cache import CacheConfig
+from zstore.format import Span, read_manifest
+from zstore.read import WindowReader
 
 
 def warm(
@@ -30,7 +29,7 @@ def warm(
 
     When the SSD tier can hold the whole store, it keeps each shard as one object (read
     whole from the origin), which a window reads by slicing its map (see
-    :mod:`zstore.read.ssd_shards`); otherwise it keeps the chunks the reads fill.
+    :mod:`zstore.read._ssd_shards`); otherwise it keeps the chunks the reads fill.
 
     ``nodes``/``node_rank``: warm only the items ``zstore.NodeSampler`` (same ``seed``,
     every item served) assigns to node ``node_rank`` of ``nodes``.
@@ -82,8 +81,7 @@ def node_share(
 ) -> list[str]:
     """The items NodeSampler assigns to node ``node_rank`` of ``nodes``."""
     from zstore.errors import ConfigError
-    from zstore.train.dataset import common_lengths
-    from zstore.train.samplers import assign_nodes
+    from zstore.train import assign_nodes, common_lengths
 
     if nodes < 1 or node_rank is None or not 0 <= node_rank < nodes:
         raise ConfigError(
@@ -109,8 +107,8 @@ def share_residency(
 ) -> dict[str, Any]:
     """How much of a node's share of a store (as NodeSampler assigns it) the RAM tier
     holds now: shards of the share, and how many of them are resident (either form)."""
-    from zstore.cache.tiered import TieredCache
-    from zstore.format.layout import parse_array_meta
+    from zstore.cache import TieredCache
+    from zstore.format import parse_array_meta
 
     manifest, metas = read_manifest(url, storage_options)
     names = list(fields) if fields else manifest.time_arrays

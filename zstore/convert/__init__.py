@@ -8,8 +8,8 @@ May import: :mod:`zstore.format` and the shared leaves (the origin, URLs, units,
 errors).  Never the cache, the read path, training or torch.
 """
 
+from zstore.convert._items import CODECS
 from zstore.convert.append import append
-from zstore.convert.items import CODECS
 from zstore.convert.pipeline import ConvertReport, convert
 
 __all__ = ["CODECS", "ConvertReport", "append", "convert"]

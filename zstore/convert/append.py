@@ -19,23 +19,23 @@ from typing import Any
 
 import numpy as np
 
-from zstore.convert.corpus import expand_sources, file_identity, identity_mark, source_name, stems
-from zstore.convert.items import Job, verify_all, write_missing
+from zstore.convert._corpus import expand_sources, file_identity, identity_mark, source_name, stems
+from zstore.convert._items import Job, verify_all, write_missing
+from zstore.convert._source import SourcePlan, plan
+from zstore.convert._storelock import store_lock
+from zstore.convert._tasks import cluster_client
 from zstore.convert.pipeline import ConvertReport, check_options, with_dtypes
-from zstore.convert.source import SourcePlan, plan
-from zstore.convert.storelock import store_lock
-from zstore.convert.tasks import cluster_client
 from zstore.errors import SourceError, StoreFormatError
-from zstore.format.layout import Manifest
-from zstore.format.manifest import (
+from zstore.format import (
     ArrayMetas,
+    Manifest,
     build,
     current_shapes,
+    data_type,
     publish,
     read_manifest,
     shape_rows,
 )
-from zstore.format.objects import data_type
 from zstore.urls import store_bytes
 
 
@@ -61,7 +61,7 @@ def append(
     (anything else is refused before anything is written), and so are new arrays whose
     dtype or number of dimensions differ from the store's.  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
-    conversion or append at a time writes a store (see :mod:`zstore.convert.storelock`).
+    conversion or append at a time writes a store (see :mod:`zstore.convert._storelock`).
     """
     t0 = time.perf_counter()
     files, dst = expand_sources(src), os.fspath(dst)

@@ -16,22 +16,22 @@ from typing import Any
 import numpy as np
 import zarr
 
-from zstore.convert.corpus import expand_sources
-from zstore.convert.corpus import fingerprint as corpus_fingerprint
-from zstore.convert.items import Job, compressors, verify_all, write_missing
-from zstore.convert.source import SourcePlan, plan
-from zstore.convert.storelock import LOCK_NAME, store_lock, wipe
-from zstore.convert.tasks import cluster_client, local_pool
+from zstore.convert._corpus import expand_sources
+from zstore.convert._corpus import fingerprint as corpus_fingerprint
+from zstore.convert._items import Job, compressors, verify_all, write_missing
+from zstore.convert._source import SourcePlan, plan
+from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
+from zstore.convert._tasks import cluster_client, local_pool
 from zstore.errors import DestinationError, SourceError
-from zstore.format.layout import (
+from zstore.format import (
     MANIFEST_ATTR,
     PROGRESS_ATTR,
     ArrayInfo,
     Manifest,
-)
-from zstore.format.manifest import build, publish, shape_rows
-from zstore.format.objects import (
+    build,
     data_type,
+    publish,
+    shape_rows,
 )
 from zstore.units import format_size
 from zstore.urls import store_bytes, zarr_store

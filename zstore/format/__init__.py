@@ -10,18 +10,77 @@ May import: the shared leaves (:mod:`zstore.errors`, :mod:`zstore.units`,
 read path, training or torch: a reader and the converter both stand on it.
 """
 
-from zstore.format.layout import ArrayInfo, ArrayLayout, Manifest, Span, geometry, parse_array_meta
-from zstore.format.manifest import ArrayMetas, publish, read_manifest, upgrade
+from zstore.format.attrs import decode_attrs, hdf5_attrs
+from zstore.format.decode import EMPTY, decode_chunk, decode_index, fill_chunk, strip_crc
+from zstore.format.layout import (
+    DONE_ATTR,
+    MANIFEST_ATTR,
+    PROGRESS_ATTR,
+    ArrayInfo,
+    ArrayLayout,
+    Manifest,
+    Span,
+    geometry,
+    parse_array_meta,
+    scale,
+)
+from zstore.format.manifest import (
+    VERIFIED,
+    ArrayMetas,
+    build,
+    current_shapes,
+    publish,
+    read_manifest,
+    read_root,
+    shape_rows,
+    upgrade,
+    verified_tables,
+)
+from zstore.format.objects import (
+    ObjectWriter,
+    array_meta,
+    data_type,
+    dumps,
+    encode_array,
+    group_meta,
+    handles,
+)
+from zstore.format.sizing import field_sizes
 
 __all__ = [
+    "array_meta",
     "ArrayInfo",
     "ArrayLayout",
     "ArrayMetas",
-    "Manifest",
-    "Span",
+    "build",
+    "current_shapes",
+    "data_type",
+    "decode_attrs",
+    "decode_chunk",
+    "decode_index",
+    "DONE_ATTR",
+    "dumps",
+    "EMPTY",
+    "encode_array",
+    "field_sizes",
+    "fill_chunk",
     "geometry",
+    "group_meta",
+    "handles",
+    "hdf5_attrs",
+    "Manifest",
+    "MANIFEST_ATTR",
+    "ObjectWriter",
     "parse_array_meta",
+    "PROGRESS_ATTR",
     "publish",
     "read_manifest",
+    "read_root",
+    "scale",
+    "shape_rows",
+    "Span",
+    "strip_crc",
     "upgrade",
+    "VERIFIED",
+    "verified_tables",
 ]

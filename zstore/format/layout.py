@@ -2,7 +2,7 @@
 
 A zstore store is a Zarr v3 hierarchy: one group per item, one array per dataset.
 The root group's attribute ``"zstore"`` holds the manifest's header and names the item
-table (see :class:`Manifest` and :mod:`zstore.format.table`).
+table (see :class:`Manifest` and :mod:`zstore.format._table`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from zstore.errors import StoreFormatError
 
 #: 1: the manifest, every item included, is JSON in the root attributes (with zarr's
 #: consolidated metadata beside it).  2: the root attributes hold a header of constant
-#: size; names and shapes are in the item table (:mod:`zstore.format.table`).
+#: size; names and shapes are in the item table (:mod:`zstore.format._table`).
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
 MANIFEST_ATTR = "zstore"
@@ -157,7 +157,7 @@ class Manifest:
             ) from None
         if table is None:
             raise StoreFormatError(f"{where}: format-2 manifest read without its item table")
-        from zstore.format.table import unpack
+        from zstore.format._table import unpack
 
         names, shapes, present = unpack(table(str(data["table"])), where)
         known = {
@@ -233,7 +233,7 @@ class Manifest:
             "all_chunks_written",
             "present",
         }
-        from zstore.format.table import names_of
+        from zstore.format._table import names_of
 
         return cls(
             items=names_of([str(x) for x in data["items"]]),

@@ -25,10 +25,10 @@ import numpy as np
 from crc32c import crc32c
 
 from zstore.errors import StoreFormatError
+from zstore.format._table import pack
 from zstore.format.layout import MANIFEST_ATTR, ArrayInfo, Manifest, geometry, time_lengths
 from zstore.format.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
 from zstore.format.sizing import array_totals
-from zstore.format.table import pack
 from zstore.origin import Origin
 
 

@@ -9,8 +9,15 @@ May import: :mod:`zstore.format`, :mod:`zstore.cache` and the shared leaves.  Ne
 :mod:`zstore.train`, :mod:`zstore.convert` or torch.
 """
 
-from zstore.read.reader import WindowReader
+from zstore.read._zarr_store import CachedStore, open_store
+from zstore.read.reader import WindowReader, window_shape
 from zstore.read.streamcopy import copy_streamed, streaming
-from zstore.read.zarr_store import CachedStore, open_store
 
-__all__ = ["CachedStore", "WindowReader", "copy_streamed", "open_store", "streaming"]
+__all__ = [
+    "CachedStore",
+    "copy_streamed",
+    "open_store",
+    "streaming",
+    "window_shape",
+    "WindowReader",
+]

@@ -1,12 +1,12 @@
 """Window -> chunk keys -> bytes through the tiers -> decoded arrays.  The hot path.
 
 With a RAM tier the unit in RAM is a whole shard (up to 64 s of one array), decoded or
-encoded (``ram_format``, see :mod:`zstore.read.ram_shards`), mapped read-only and kept mapped
-by each process (:mod:`zstore.read.maps`): a warm window is one dict lookup per field and
+encoded (``ram_format``, see :mod:`zstore.read._ram_shards`), mapped read-only and kept mapped
+by each process (:mod:`zstore.read._maps`): a warm window is one dict lookup per field and
 then one copy (decoded) or the decode of its chunks (encoded).  A shard missing from
 RAM is built from its chunks once for the node when the RAM tier admits it; otherwise,
 and without a RAM tier, the reader fetches and decodes only the chunks the window
-overlaps (see :mod:`zstore.read.chunks`).  Layouts the reader does not handle go through
+overlaps (see :mod:`zstore.read._chunks`).  Layouts the reader does not handle go through
 zarr's own indexing.
 """
 
@@ -21,22 +21,24 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache.files import open_file
-from zstore.cache.options import CacheConfig, ResolvedCache
-from zstore.cache.ownership import make_dir
-from zstore.cache.ram_format import FormatChoice
-from zstore.cache.ram_format import choose as choose_format
-from zstore.cache.ram_format import record as record_format
-from zstore.cache.tiered import TieredCache
+from zstore.cache import CacheConfig, FormatChoice, ResolvedCache, TieredCache, make_dir, open_file
+from zstore.cache import choose as choose_format
+from zstore.cache import record as record_format
 from zstore.errors import IntegrityError, StoreFormatError
-from zstore.format.attrs import decode_attrs
-from zstore.format.layout import ArrayLayout, Span, parse_array_meta
-from zstore.format.manifest import VERIFIED, read_manifest, verified_tables
-from zstore.format.sizing import field_sizes
+from zstore.format import (
+    VERIFIED,
+    ArrayLayout,
+    Span,
+    decode_attrs,
+    field_sizes,
+    parse_array_meta,
+    read_manifest,
+    verified_tables,
+)
 from zstore.origin import Origin
-from zstore.read.chunks import ChunkSource
-from zstore.read.maps import MappedValues
-from zstore.read.ram_shards import (
+from zstore.read._chunks import ChunkSource
+from zstore.read._maps import MappedValues
+from zstore.read._ram_shards import (
     TRIM_AFTER,
     DecodedShards,
     EncodedShards,
@@ -46,8 +48,8 @@ from zstore.read.ram_shards import (
     chunk_pieces,
     release_free_memory,
 )
+from zstore.read._zarr_store import CachedStore
 from zstore.read.streamcopy import copy_streamed
-from zstore.read.zarr_store import CachedStore
 from zstore.urls import is_url
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
@@ -241,7 +243,7 @@ class WindowReader:
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until the shards this process is building behind its reads are in the
         RAM tier (a shard that displaces resident ones is built by a background thread
-        while its windows are read from the chunks; see ``zstore.read.builds``).  False if
+        while its windows are read from the chunks; see ``zstore.read._builds``).  False if
         ``timeout`` seconds passed first."""
         if self._pid != os.getpid() or self.form is None:
             return True

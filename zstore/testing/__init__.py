@@ -4,7 +4,7 @@ failures (S3- and NFS-like origins), and synthetic speech corpora in HDF5.
 May import: h5py, numpy, fsspec.  Nothing in the library imports it.
 """
 
-from zstore.testing.modelled import ModelledFileSystem
-from zstore.testing.synthetic import SyntheticSpec, make_synthetic
+from zstore.testing._modelled import ModelledFileSystem
+from zstore.testing.synthetic import ACT_RATE, WAV_RATE, SyntheticSpec, make_synthetic
 
-__all__ = ["ModelledFileSystem", "SyntheticSpec", "make_synthetic"]
+__all__ = ["ACT_RATE", "ModelledFileSystem", "SyntheticSpec", "WAV_RATE", "make_synthetic"]

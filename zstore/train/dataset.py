@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from zstore.cache.options import CacheConfig, as_cache_config
+from zstore.cache import CacheConfig, as_cache_config
 from zstore.errors import ConfigError
-from zstore.format.layout import Span, scale
-from zstore.read.reader import WindowReader
-from zstore.train.window_draw import Window, usable_items, window_for
+from zstore.format import Span, scale
+from zstore.read import WindowReader
+from zstore.train._window_draw import Window, usable_items, window_for
 
 #: The largest window of one field that a dataset accepts (beyond it, every item would
 #: allocate gigabytes: almost always a unit mistake such as milliseconds for seconds).

@@ -21,10 +21,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from zstore.cache.options import CacheConfig
+from zstore.cache import CacheConfig
 from zstore.errors import ConfigError
+from zstore.train._loader import WindowLoader
 from zstore.train.dataset import WindowDataset
-from zstore.train.loader import WindowLoader
 from zstore.train.samplers import NodeSampler
 
 try:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from zstore.errors import ConfigError
-from zstore.train.window_draw import splitmix64
+from zstore.train._window_draw import splitmix64
 
 
 def _rng(*keys: int) -> np.random.Generator:
@@ -229,8 +229,7 @@ class NodeSampler(_EpochSampler):
             return
         import json
 
-        from zstore.cache.files import write_json
-        from zstore.cache.ownership import make_dir
+        from zstore.cache import make_dir, write_json
 
         directory = reader.tiers.node_dir("layouts")
         if directory is None or make_dir(directory) is not None:
@@ -259,7 +258,7 @@ class NodeSampler(_EpochSampler):
         reader = getattr(dataset, "reader", None)
         if reader is None or reader.cache is None or self.nodes == 1:
             return
-        from zstore.format.sizing import field_sizes
+        from zstore.format import field_sizes
 
         reader.open()
         sizes = field_sizes(reader.manifest, reader._metas, reader.fields)

@@ -6,8 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from zstore.format.layout import parse_array_meta
-from zstore.format.manifest import read_manifest
+from zstore.format import parse_array_meta, read_manifest
 from zstore.units import format_size
 
 

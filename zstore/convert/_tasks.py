@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from zstore.convert.source import SourceItem
+from zstore.convert._source import SourceItem
 
 
 def die_with_parent(parent: int) -> None:
@@ -84,7 +84,7 @@ def run_batches(
     """``fn(job, batch)`` over batches of ``items``; its lists' elements, concatenated.
     Runs on ``client``'s cluster, in ``pool``, or in ``workers`` local processes."""
     if client is not None:
-        from zstore.convert.cluster import check_workers, run_tasks
+        from zstore.convert._cluster import check_workers, run_tasks
 
         return run_tasks(client, fn, job, batches(items, check_workers(client)), bar)
     tasks = batches(items, workers)
@@ -132,7 +132,7 @@ def cluster_client(dask: Any) -> Iterator[Any]:
     if dask is None:
         yield None
         return
-    from zstore.convert.cluster import connected
+    from zstore.convert._cluster import connected
 
     with connected(dask) as client:
         yield client

@@ -3,7 +3,7 @@
 :class:`ChunkSource` turns (array, chunk) pairs into decoded chunks.  Everything a
 call needs that the tiers miss is fetched from the origin in one concurrent
 batch; with ``fetch="shard"`` a whole shard is read on first touch and kept whole in
-the SSD tier (:mod:`zstore.read.ssd_shards`), or, without one, all its chunks go into the
+the SSD tier (:mod:`zstore.read._ssd_shards`), or, without one, all its chunks go into the
 RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
 """
 
@@ -13,12 +13,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from zstore.cache.tiered import TieredCache
+from zstore.cache import TieredCache
 from zstore.errors import IntegrityError, MissingDataError
-from zstore.format.decode import EMPTY, decode_chunk, decode_index, fill_chunk
-from zstore.format.layout import ArrayLayout
+from zstore.format import EMPTY, ArrayLayout, decode_chunk, decode_index, fill_chunk
 from zstore.origin import Origin, Request, describe
-from zstore.read.ssd_shards import Held, WholeShards
+from zstore.read._ssd_shards import Held, WholeShards
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
 COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size

@@ -8,11 +8,10 @@ import time
 
 import torch
 
-from zstore.cache import cache_stats, clear_cache
-from zstore.cache.options import CacheConfig
-from zstore.convert.pipeline import convert
-from zstore.testing.synthetic import ACT_RATE, WAV_RATE, SyntheticSpec, make_synthetic
-from zstore.train.dataset import WindowDataset
+from zstore.cache import CacheConfig, cache_stats, clear_cache
+from zstore.convert import convert
+from zstore.testing import ACT_RATE, WAV_RATE, SyntheticSpec, make_synthetic
+from zstore.train import WindowDataset
 from zstore.units import format_size
 
 

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 from zstore.errors import ConfigError, ZstoreError
-from zstore.read.reader import window_shape
+from zstore.read import window_shape
 from zstore.train.dataset import WindowDataset
 
 

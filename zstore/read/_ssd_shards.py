@@ -21,12 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache.tiered import TieredCache
-from zstore.cache.value import Checked
+from zstore.cache import Checked, TieredCache
 from zstore.errors import IntegrityError
-from zstore.format.decode import EMPTY, decode_index
-from zstore.format.layout import ArrayLayout
-from zstore.read.maps import MappedValues
+from zstore.format import EMPTY, ArrayLayout, decode_index
+from zstore.read._maps import MappedValues
 
 SUFFIX = "#W"
 FORGET = 65536  # shard keys a process remembers the SSD tier lacks, before it asks again

@@ -23,10 +23,8 @@ from zarr.abc.store import (
 )
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from zstore.cache.options import CacheConfig, as_cache_config
-from zstore.cache.tiered import TieredCache
-from zstore.format.layout import MANIFEST_ATTR
-from zstore.format.manifest import read_manifest, read_root
+from zstore.cache import CacheConfig, TieredCache, as_cache_config
+from zstore.format import MANIFEST_ATTR, read_manifest, read_root
 from zstore.origin import Origin
 from zstore.urls import zarr_store
 
@@ -155,7 +153,7 @@ class CachedStore(Store):
         fill value, i.e. zeros, for it); other missing keys are zarr's business."""
         if not self.complete:
             return
-        from zstore.read.chunks import chunk_array, missing_error
+        from zstore.read._chunks import chunk_array, missing_error
 
         array = chunk_array(key)
         if not array:

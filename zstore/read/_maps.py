@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zstore.cache.tier import Tier
-from zstore.cache.value import Checked
+from zstore.cache import Checked, Tier
 
 MAX_MAPS = 4096  # values a process keeps mapped (vm.max_map_count is ~65k)
 UNMAP_EVERY = 0.2  # seconds between an idle process's checks for evicted values

@@ -22,15 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache.tiered import TieredCache
-from zstore.cache.value import Checked
+from zstore.cache import Checked, TieredCache
 from zstore.errors import IntegrityError
-from zstore.format.decode import EMPTY, decode_chunk, strip_crc
-from zstore.format.layout import ArrayLayout, Span
+from zstore.format import EMPTY, ArrayLayout, Span, decode_chunk, strip_crc
 from zstore.origin import describe
-from zstore.read.builds import BehindBuilds
-from zstore.read.chunks import ChunkSource
-from zstore.read.maps import Mapped, MappedValues
+from zstore.read._builds import BehindBuilds
+from zstore.read._chunks import ChunkSource
+from zstore.read._maps import Mapped, MappedValues
 
 SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
 #: Decoded chunk bytes after which the reader trims the heap (then counts again).
@@ -113,7 +111,7 @@ class ShardForm(abc.ABC):
     """What the two forms share: lookups through the maps, admission, building."""
 
     suffix = ""
-    #: Shards that displace resident ones are built behind the reads (zstore.read.builds).
+    #: Shards that displace resident ones are built behind the reads (zstore.read._builds).
     later = False
 
     def __init__(self, url: str, tiers: TieredCache, source: ChunkSource, values: MappedValues):

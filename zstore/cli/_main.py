@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from zstore.cache.options import CacheConfig
+from zstore.cache import CacheConfig
 from zstore.errors import ZstoreError
 from zstore.units import format_size
 
@@ -101,14 +101,14 @@ def _cache_config(args: argparse.Namespace) -> CacheConfig:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from zstore.convert.pipeline import convert
+    from zstore.convert import convert
 
     if len(args.paths) < 2:
         raise ZstoreError(
             "zstore convert needs a source and a destination: zstore convert SRC... DST"
         )
     if args.append:
-        from zstore.convert.append import append
+        from zstore.convert import append
 
         print(
             append(
@@ -145,7 +145,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from zstore.cli.info import store_info
+    from zstore.cli._info import store_info
 
     info = store_info(args.store, storage_options=_storage_options(args))
     print(json.dumps(info, indent=2) if args.json else info["text"])
@@ -153,7 +153,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
-    from zstore.format.manifest import read_manifest, upgrade
+    from zstore.format import read_manifest, upgrade
 
     before = read_manifest(args.store, _storage_options(args))[0]
     if before.shapes is not None:
@@ -254,7 +254,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from zstore.cli.demo import run_demo
+    from zstore.cli._demo import run_demo
 
     run_demo(args.dir, items=args.items, epochs=args.epochs, workers=args.workers)
     return 0

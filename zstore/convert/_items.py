@@ -1,7 +1,7 @@
 """Writing and verifying items: each item's objects encoded (or written through zarr's
 API where the converter does not encode them itself), marked complete only after all its
 arrays are written, and compared with the source on ``--verify``.  Run in batches by
-:mod:`zstore.convert.tasks`, for a conversion and for an append."""
+:mod:`zstore.convert._tasks`, for a conversion and for an append."""
 
 from __future__ import annotations
 
@@ -15,12 +15,21 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
-from zstore.convert.source import SourceItem, SourcePlan, open_source
-from zstore.convert.tasks import Progress, run_batches
+from zstore.convert._source import SourceItem, SourcePlan, open_source
+from zstore.convert._tasks import Progress, run_batches
 from zstore.errors import SourceError, StoreFormatError
-from zstore.format.attrs import hdf5_attrs
-from zstore.format.layout import DONE_ATTR, ArrayInfo, geometry
-from zstore.format.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
+from zstore.format import (
+    DONE_ATTR,
+    ArrayInfo,
+    ObjectWriter,
+    array_meta,
+    dumps,
+    encode_array,
+    geometry,
+    group_meta,
+    handles,
+    hdf5_attrs,
+)
 from zstore.urls import store_bytes, zarr_store
 
 CODECS = ("lz4", "zstd", "none")

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from zstore.errors import SourceError
-from zstore.format.layout import ArrayInfo
+from zstore.format import ArrayInfo
 from zstore.urls import is_url
 
 NUMERIC_KINDS = "biufc"
@@ -249,7 +249,7 @@ def time_axes(
 
 def scan_all(files: list[str]) -> tuple[list[SourceItem], list[str]]:
     """The items of every file; with several, named ``<file stem>/<group path>``."""
-    from zstore.convert.corpus import stems
+    from zstore.convert._corpus import stems
 
     if len(files) == 1:
         return scan(files[0])
@@ -344,7 +344,7 @@ def plan(
             "whole-number length ratio to a rated one in items of different lengths get "
             "their rate inferred)"
         )
-    from zstore.convert.dims import dimension_names  # it reads the file through this module
+    from zstore.convert._dims import dimension_names  # it reads the file through this module
 
     dims = dimension_names(items, arrays)
     arrays = {n: dataclasses.replace(a, dims=dims.get(n)) for n, a in arrays.items()}

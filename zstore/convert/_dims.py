@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zstore.convert.source import SourceItem, open_source
-from zstore.format.layout import ArrayInfo
+from zstore.convert._source import SourceItem, open_source
+from zstore.format import ArrayInfo
 
 
 def dimension_names(

@@ -4,7 +4,7 @@ deleting them.
 Values are evicted oldest stored first, inside the insert's SQLite transaction, before
 the insert.  With admission (RAM tiers) a full tier keeps its resident values unless
 the newcomer was used clearly more often lately than they were, as counted by the
-node-shared sketch of :mod:`zstore.cache.admission`: under random windows, evicting on
+node-shared sketch of :mod:`zstore.cache._admission`: under random windows, evicting on
 every miss only adds the cost of building what is evicted next.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import diskcache
 
-from zstore.cache.admission import FrequencySketch, admit, sketch_bytes, sketch_width
-from zstore.cache.stats import Stats
+from zstore.cache._admission import FrequencySketch, admit, sketch_bytes, sketch_width
+from zstore.cache._stats import Stats
 from zstore.cache.value import header_size
 
 PAGE = 4096

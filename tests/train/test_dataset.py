@@ -171,3 +171,38 @@ def test_index_out_of_range(small_store):
     ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False)
     with pytest.raises(IndexError):
         ds[len(ds)]
+
+
+@pytest.mark.parametrize("form", ["pickled list", "pickled tuple", "json", "text"])
+def test_items_take_the_lists_users_already_have(small_store, tmp_path, form):
+    import json
+    import pickle
+
+    names = ["utt000003", "utt000001"]
+    path = tmp_path / "grp_list"
+    if form == "pickled list":
+        path.write_bytes(pickle.dumps(names))
+    elif form == "pickled tuple":
+        path.write_bytes(pickle.dumps(tuple(names), protocol=2))
+    elif form == "json":
+        path.write_text(json.dumps(names))
+    else:
+        path.write_text("# the dev subset\nutt000003\n\nutt000001\n")
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False, items=path)
+    assert [ds[i]["item"] for i in range(len(ds))] == names
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"\x80\x04garbage", "cannot read it as an item list"),
+        (pickle.dumps({"a": 1}), "holds a dict"),
+        (b"\xff\xfe\x00binary", "cannot read it as an item list"),
+    ],
+)
+def test_an_item_list_that_cannot_be_read_is_one_clear_error(small_store, tmp_path, content, words):
+    path = tmp_path / "bad.pkl"
+    path.write_bytes(content)
+    with pytest.raises(zstore.ConfigError, match=words) as e:
+        zstore.WindowDataset(small_store, window_seconds=1.0, cache=False, items=path)
+    assert "bad.pkl" in str(e.value) and "pickled list or tuple" in str(e.value)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import pickle
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +46,47 @@ def _check_window(window_seconds: Any) -> float | None:
     return float(window_seconds)
 
 
+ITEM_LIST_FORMS = (
+    "a text file with one item name per line ('#' comments), a JSON list of names, or a "
+    "pickled list or tuple of names"
+)
+
+
+def read_item_list(path: str) -> list[str]:
+    """The item names in the file ``path``: a pickled list or tuple of names (as HDF5
+    dataset code keeps its subsets; unpickling runs the file's code, so it is loaded only
+    because the user named it), a JSON list, or text with one name per line."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(
+            f"items={path!r}: cannot read the item list ({e.strerror}); pass "
+            f"{ITEM_LIST_FORMS}, or a list of names"
+        ) from None
+    try:
+        if raw[:1] == b"\x80":  # a pickle (protocol 2 and later)
+            names = pickle.loads(raw)
+        elif raw.lstrip()[:1] == b"[":
+            names = json.loads(raw)
+        else:
+            lines = (line.strip() for line in raw.decode("utf-8").splitlines())
+            names = [n for n in lines if n and not n.startswith("#")]
+    except Exception as e:  # an unreadable pickle, JSON or text: say which forms work
+        raise ConfigError(
+            f"items={path!r}: cannot read it as an item list ({type(e).__name__}); pass "
+            f"{ITEM_LIST_FORMS}"
+        ) from None
+    if isinstance(names, np.ndarray):
+        names = names.tolist()
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, bytes)) for n in names):
+        raise ConfigError(
+            f"items={path!r}: holds a {type(names).__name__}, not a list of item names; "
+            f"pass {ITEM_LIST_FORMS}"
+        )
+    return [n.decode() if isinstance(n, bytes) else n for n in names]
+
+
 def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
     """The item names an ``items=`` argument stands for, checked against the store."""
     known = reader.manifest.items
@@ -62,16 +105,7 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
                 chosen.append(n)
         return chosen
     if isinstance(items, (str, os.PathLike)):
-        try:
-            with open(items) as f:
-                names = [line.strip() for line in f]
-        except OSError as e:
-            raise ConfigError(
-                f"items={os.fspath(items)!r}: cannot read the item list "
-                f"({e.strerror}); pass a file with one item name per line, "
-                "or a list of names"
-            ) from None
-        names = [n for n in names if n and not n.startswith("#")]
+        names = read_item_list(os.fspath(items))
     else:
         names = [str(n) for n in items]
     unknown = [n for n in names if n not in known]
@@ -151,9 +185,11 @@ class WindowDataset(torch.utils.data.Dataset):
             ``(seed, epoch, item, j)``; ``len(ds)`` grows by that factor.
         missing: items that lack a field asked for: ``"error"`` (the default: one
             error naming them) or ``"skip"`` (leave them out, with a warning).
-        items: the items to serve, in this order: a list of item names, a text file
-            with one name per line (``#`` comments), or a callable ``(name, attrs) ->
-            bool`` given each item's HDF5 attributes.  Default: every item.
+        items: the items to serve, in this order: a list of item names; a file of them
+            (text with one name per line and ``#`` comments, a JSON list, or a pickled
+            list or tuple, as HDF5 loaders keep their subsets: a pickle runs code when
+            loaded, so pass only your own); or a callable ``(name, attrs) -> bool``
+            given each item's HDF5 attributes.  Default: every item.
 
     ``ds[i]`` is a dict: one tensor per field (all cut at the same time span,
     the start on the coarsest field's grid), ``"item"`` (name), ``"start"``

@@ -273,6 +273,7 @@ def convert(
         fingerprint = corpus_fingerprint(files, options)
         client = stack.enter_context(cluster_client(dask))  # before the destination is touched
         job = Job(src, dst, storage_options, source.arrays, chunk_seconds, codec)
+        stack.enter_context(store_lock(dst, storage_options))  # one writer at a time
         return _convert(
             job,
             source,
@@ -302,38 +303,8 @@ def _convert(
     pool: cf.ProcessPoolExecutor | None,
     t0: float,
 ) -> ConvertReport:
-    """:func:`convert` once the source is planned and the workers are up."""
-    with store_lock(job.dst, job.storage_options):
-        return _convert_locked(
-            job,
-            source,
-            files,
-            fingerprint,
-            workers=workers,
-            overwrite=overwrite,
-            verify=verify,
-            progress=progress,
-            client=client,
-            pool=pool,
-            t0=t0,
-        )
-
-
-def _convert_locked(
-    job: Job,
-    source: SourcePlan,
-    files: list[str],
-    fingerprint: dict[str, Any],
-    *,
-    workers: int,
-    overwrite: bool,
-    verify: bool,
-    progress: bool,
-    client: Any,
-    pool: cf.ProcessPoolExecutor | None,
-    t0: float,
-) -> ConvertReport:
-    """:func:`_convert` while this process holds the store's lock."""
+    """:func:`convert` once the source is planned, the workers are up and this process
+    holds the store's lock."""
     dst, storage_options = job.dst, job.storage_options
     try:
         root, fresh = _prepare_destination(dst, storage_options, fingerprint, overwrite)

@@ -4,9 +4,11 @@ time kept, and arguments that used to be taken the wrong way."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -138,22 +140,24 @@ def test_a_damaged_node_copy_of_the_item_table_is_made_anew(s3, small_h5, tmp_pa
     zstore.WindowDataset(url, window_seconds=1.0, cache=cfg, storage_options=options)
 
 
-def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small_store, tmp_path):
-    import sys
-
+@contextlib.contextmanager
+def small_tmpfs(path, size: str):
+    """A tmpfs of ``size`` mounted at ``path`` for the test (root on Linux only: mount
+    needs it; elsewhere the test is skipped), unmounted lazily after it (maps may remain)."""
     if sys.platform != "linux" or os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs")
-    ram = tmp_path / "ram"
-    ram.mkdir(mode=0o700)
-    if (
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", str(ram)],
-            capture_output=True,
-        ).returncode
-        != 0
-    ):
+    path.mkdir(mode=0o700)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small_store, tmp_path):
+    with small_tmpfs(tmp_path / "ram", "4k") as ram:
         fd = os.open(ram / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
         try:  # another process filled the tmpfs
             with pytest.raises(OSError):
@@ -166,8 +170,6 @@ def test_a_node_copy_of_the_item_table_that_cannot_be_written_is_a_warning(small
             ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg)
         plain = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False)
         assert all(ds[i]["wav"].equal(plain[i]["wav"]) for i in range(len(ds)))
-    finally:
-        subprocess.run(["umount", "-l", str(ram)], check=True)  # -l: maps may remain
 
 
 FILL_TMPFS = """
@@ -194,28 +196,10 @@ print("read", 3 * len(ds))
 """
 
 
-def _small_tmpfs(path, size: str) -> None:
-    import sys
-
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    path.mkdir(mode=0o700)
-    if (
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-            capture_output=True,
-        ).returncode
-        != 0
-    ):
-        pytest.skip("cannot mount a tmpfs here")
-
-
 def test_a_tmpfs_filled_under_a_running_reader_is_no_sigbus(small_store, tmp_path):
     from conftest import PYTHON, subprocess_env
 
-    ram = tmp_path / "ram"
-    _small_tmpfs(ram, "24m")
-    try:
+    with small_tmpfs(tmp_path / "ram", "24m") as ram:
         script = tmp_path / "job.py"
         script.write_text(FILL_TMPFS)
         proc = subprocess.run(
@@ -227,8 +211,6 @@ def test_a_tmpfs_filled_under_a_running_reader_is_no_sigbus(small_store, tmp_pat
         )
         assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])  # -7: SIGBUS
         assert "read 720" in proc.stdout
-    finally:
-        subprocess.run(["umount", "-l", str(ram)], check=True)
 
 
 def _largest_value(directory) -> "os.PathLike":

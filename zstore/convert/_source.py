@@ -358,8 +358,9 @@ def _inferred(
     given = {r: info for r, info in arrays.items() if info.rate and not info.inferred}
     if ndim == 0 or axis is None or not given:
         return ArrayInfo(None, None, note="stored whole (no time axis)")
+    with_both = {ref: [it for it in items if n in it.shapes and ref in it.shapes] for ref in given}
     for ref, info in given.items():
-        both = [it for it in items if n in it.shapes and ref in it.shapes]
+        both = with_both[ref]
         if not both:
             continue
         xs = [it.shapes[n][axis] for it in both]
@@ -376,8 +377,8 @@ def _inferred(
                 note=f"{'1/' if kind == 'div' else ''}{k} of the length of '{ref}' "
                 f"in {len(both)} items of {lengths} lengths",
             )
-    ref, info = next(iter(given.items()))
-    both = [it for it in items if n in it.shapes and ref in it.shapes]
+    ref, info = next(iter(given.items()))  # the reason is told against the first rated array
+    both = with_both[ref]
     seen = len({it.shapes[ref][info.time_axis] for it in both})  # type: ignore[index]
     why = (
         "in no item with it"

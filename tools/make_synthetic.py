@@ -5,7 +5,8 @@
 
 Each group holds ``wav`` (mics, samples) float32 from 16-bit PCM at 16 kHz
 (band-limited noise under a speech-like envelope) and ``act`` (speakers, frames)
-0/1 float32 at 100 frames/s, lengths varying between items.
+0/1 float32 at 100 frames/s, lengths varying between items.  ``--audio float`` makes
+reverberant mixtures kept in float32 instead (true float values, as processed audio).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def main() -> None:
     p.add_argument("--min-seconds", type=float, default=15.0)
     p.add_argument("--max-seconds", type=float, default=45.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--audio",
+        choices=["int16", "float"],
+        default="int16",
+        help="int16: float32 holding 16-bit PCM values (default); float: reverberant "
+        "mixtures kept in float32 (true float values, as processed audio)",
+    )
     args = p.parse_args()
     spec = SyntheticSpec(
         items=1,
@@ -36,6 +44,7 @@ def main() -> None:
         min_seconds=args.min_seconds,
         max_seconds=args.max_seconds,
         seed=args.seed,
+        audio=args.audio,
     )
     items = args.items or (items_for_size(parse_size(args.size), spec) if args.size else 8)
     spec = SyntheticSpec(
@@ -45,6 +54,7 @@ def main() -> None:
         min_seconds=args.min_seconds,
         max_seconds=args.max_seconds,
         seed=args.seed,
+        audio=args.audio,
     )
     size = make_synthetic(args.path, spec, progress=True)
     print(f"wrote {args.path}: {items} items, {format_size(size)}")

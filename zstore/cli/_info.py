@@ -6,8 +6,22 @@ from typing import Any
 
 import numpy as np
 
-from zstore.format import parse_array_meta, read_manifest
+from zstore.format import ArrayInfo, parse_array_meta, read_manifest
 from zstore.units import format_size
+
+
+def _values_line(a: ArrayInfo) -> str | None:
+    """What a float array's values are and its stated precision, with the SNR measured
+    while converting."""
+    values = {
+        "int16": "values are int16 samples (x / 32768)",
+        "int24": "values are int24 samples (x / 2**23)",
+        "whole": "values are whole numbers",
+        "float": "true float values",
+    }.get(a.values or "")
+    if a.precision is None:
+        return f"{values}, stored lossless" if values else None
+    return f"{values + ', ' if values else ''}precision {a.precision.summary()}"
 
 
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -21,6 +35,8 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             "inferred": a.inferred,
             "note": a.note,
             "dimension_names": list(a.dims) if a.dims else None,
+            "values": a.values,
+            "precision": a.precision.header() if a.precision else None,
         }
         have = manifest.items_with(name)
         entry["items_with"] = len(manifest.items) if have is None else len(have)
@@ -81,6 +97,9 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         )
         if e["note"] and (e["inferred"] or not e["rate"]):
             lines.append(f"    {e['note']}")
+        line = _values_line(manifest.arrays[name])
+        if line:
+            lines.append(f"    {line}")
     skipped = list(manifest.extra.get("skipped", []))
     info["skipped"] = skipped
     if skipped:

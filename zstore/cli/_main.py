@@ -14,12 +14,14 @@ from zstore.errors import ZstoreError
 from zstore.units import format_size
 
 
-def _pairs(values: list[str] | None, what: str, convert: Any = str) -> dict[str, Any]:
+def _pairs(
+    values: list[str] | None, what: str, convert: Any = str, example: str = "wav=16000"
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v in values or []:
         name, sep, value = v.partition("=")
         if not sep or not name:
-            raise ZstoreError(f"{what} {v!r}: write NAME=VALUE, e.g. {what} wav=16000")
+            raise ZstoreError(f"{what} {v!r}: write NAME=VALUE, e.g. {what} {example}")
         try:
             out[name] = convert(value)
         except ValueError:
@@ -123,6 +125,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 time_axis=_time_axis(args.time_axis) if args.time_axis else None,
                 codec=args.codec,
                 chunk_seconds=args.chunk_seconds,
+                precision=_pairs(args.precision, "--precision", example="wav=100dB") or None,
             )
         )
         return 0
@@ -139,6 +142,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         verify=args.verify,
         progress=not args.no_progress,
         overwrite=args.overwrite,
+        precision=_pairs(args.precision, "--precision", example="wav=100dB"),
     )
     print(report)
     return 0
@@ -347,6 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["lz4", "zstd", "none"],
         help="compression (default lz4: Blosc lz4 + bitshuffle; crc32c always)",
     )
+    p.add_argument(
+        "--precision",
+        action="append",
+        metavar="NAME=DB|BITS",
+        help="keep a float array to a stated precision, e.g. --precision wav=100dB (the "
+        "fewest mantissa bits that guarantee 100 dB SNR) or wav=16bits (repeat); values "
+        "are rounded to nearest before the codec, so processed (true float) audio "
+        "compresses and the store stays plain Zarr. Default: lossless",
+    )
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
     p.add_argument(
         "--dask",
@@ -362,8 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--append",
         action="store_true",
         help="add the sources' items to the finished store DST, with its codec, "
-        "chunking and rates (--rate, --time-axis, --codec, --chunk-seconds "
-        "may only repeat the store's own); a rerun adds nothing twice",
+        "chunking, rates and precision (--rate, --time-axis, --codec, --chunk-seconds, "
+        "--precision may only repeat the store's own); a rerun adds nothing twice",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _remote_options(p)

@@ -17,18 +17,22 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from zstore.convert._source import SourceItem, SourcePlan, open_source
 from zstore.convert._tasks import Progress, run_batches
+from zstore.convert._values import Tally, prepared
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
     DONE_ATTR,
+    PRECISION_ATTR,
     ArrayInfo,
     ObjectWriter,
     array_meta,
     dumps,
+    effective_bits,
     encode_array,
     geometry,
     group_meta,
     handles,
     hdf5_attrs,
+    within_rounding,
 )
 from zstore.urls import store_bytes, zarr_store
 
@@ -80,13 +84,23 @@ def _read(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.nda
         ) from None
 
 
-def _write_items(job: Job, items: list[SourceItem]) -> list[int]:
+def _attributes(job: Job, name: str, ds: Any) -> dict[str, Any]:
+    """An array's attributes: the HDF5 dataset's, and its stated precision."""
+    precision = job.arrays[name].precision
+    attrs = hdf5_attrs(ds)
+    if precision is not None and effective_bits(precision, ds.dtype) is not None:
+        attrs[PRECISION_ATTR] = precision.attribute()
+    return attrs
+
+
+def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
     """Write a batch of items (one task); each is marked complete only after all its
     arrays are written.  Arrays of the converter's usual form are encoded here
-    (:mod:`zstore.format.objects`); others go through zarr's API.  Each item's stored bytes."""
+    (:mod:`zstore.format.objects`); others go through zarr's API.  Float arrays with a
+    stated precision are rounded first.  What was written, as a list of one tally."""
     writer = ObjectWriter(job.dst, job.storage_options)
     root: Any = None
-    out = []
+    tally = Tally()
     for item, src_group in _groups(items):
         objects: dict[str, bytes] = {}
         by_zarr = []
@@ -97,18 +111,28 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[int]:
             if not handles(job.codec, dtype, shape):
                 by_zarr.append(name)
                 continue
-            data = _read(src_group, item, name, ds)
+            counts = tally.array(name)
+            data = prepared(job.arrays[name], _read(src_group, item, name, ds), counts)
             axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
-            objects[prefix + "zarr.json"] = dumps(
+            meta = dumps(
                 array_meta(
-                    shape, dtype, chunks, shards, job.codec, hdf5_attrs(ds), job.arrays[name].dims
+                    shape,
+                    dtype,
+                    chunks,
+                    shards,
+                    job.codec,
+                    _attributes(job, name, ds),
+                    job.arrays[name].dims,
                 )
             )
+            objects[prefix + "zarr.json"] = meta
+            counts.stored_bytes += len(meta)
             for key, blob in encode_array(
                 data, chunks, shards, job.codec, -1 if axis is None else axis
             ).items():
                 objects[prefix + key] = blob
+                counts.stored_bytes += len(blob)
         _parents(writer, item.name)
         writer.put(objects, atomic=False)  # the completion mark, written last, vouches
         if by_zarr:
@@ -116,15 +140,16 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[int]:
                 root = zarr.open_group(
                     zarr_store(job.dst, job.storage_options, read_only=False), mode="r+"
                 )
-            _write_by_zarr(job, root, src_group, item, by_zarr)
+            _write_by_zarr(job, root, src_group, item, by_zarr, tally)
         mark = group_meta({**hdf5_attrs(src_group), DONE_ATTR: job.mark(item.source)})
         writer.put({f"{item.name}/zarr.json": mark})
-        out.append(
+        tally.items += 1
+        tally.stored_bytes += (
             store_bytes(f"{job.dst.rstrip('/')}/{item.name}", job.storage_options)
             if by_zarr
             else len(mark) + sum(len(v) for v in objects.values())
         )
-    return out
+    return [tally]
 
 
 def _groups(items: list[SourceItem]) -> Iterator[tuple[SourceItem, Any]]:
@@ -149,12 +174,12 @@ def _parents(writer: ObjectWriter, name: str) -> None:
 
 
 def _write_by_zarr(
-    job: Job, root: zarr.Group, src_group: Any, item: SourceItem, names: list[str]
+    job: Job, root: zarr.Group, src_group: Any, item: SourceItem, names: list[str], tally: Tally
 ) -> None:
     group = root.require_group(item.name)
     for name in names:
         ds = src_group[name]
-        data = _read(src_group, item, name)
+        data = prepared(job.arrays[name], _read(src_group, item, name), tally.array(name))
         chunks, shards = _geometry(
             tuple(ds.shape), job.arrays[name], job.chunk_seconds, ds.dtype.itemsize
         )
@@ -167,7 +192,7 @@ def _write_by_zarr(
             compressors=compressors(job.codec),
             fill_value=0,
             overwrite=True,
-            attributes=hdf5_attrs(ds),
+            attributes=_attributes(job, name, ds),
             config={"write_empty_chunks": True},
             dimension_names=job.arrays[name].dims,
         )
@@ -184,11 +209,14 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
     problems = []
     for item, src_group in _groups(items):
         for name in item.shapes:
-            expected = _read(src_group, item, name)
+            source = _read(src_group, item, name)
+            expected = prepared(job.arrays[name], source, Tally().array(name))
             where = f"{item.name}/{name}"
             if handles(job.codec, expected.dtype, expected.shape):
-                problems += _compare_objects(job, writer, where, name, expected)
-                continue
+                found = _compare_objects(job, writer, where, name, expected)
+                if not found or expected is source or "missing" in found[0]:
+                    problems += found
+                    continue
             if root is None:
                 root = zarr.open_group(
                     zarr_store(job.dst, job.storage_options, read_only=True),
@@ -200,9 +228,28 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
             except Exception as e:  # a checksum or codec failure is a finding
                 problems.append(f"{where}: cannot be read back ({e})")
                 continue
-            if got.shape != expected.shape or got.tobytes() != expected.tobytes():
-                problems.append(f"{where}: values differ from the source")
+            problems += _compare_values(job, where, name, got, source, expected)
     return problems
+
+
+def _compare_values(
+    job: Job, where: str, name: str, got: np.ndarray, source: np.ndarray, expected: np.ndarray
+) -> list[str]:
+    """A stored array read back against its source: bit-identical, or for an array with
+    a stated precision, every value within that rounding of the source."""
+    precision = job.arrays[name].precision
+    bits = None if precision is None else effective_bits(precision, source.dtype)
+    if bits is None or got.dtype != source.dtype:
+        if got.shape != expected.shape or got.tobytes() != expected.tobytes():
+            return [f"{where}: values differ from the source"]
+        return []
+    wrong = within_rounding(got, source, bits)
+    if wrong:
+        return [
+            f"{where}: {wrong} value(s) differ from the source by more than rounding to "
+            f"{bits} mantissa bits (--precision {name}={precision.stated if precision else ''})"
+        ]
+    return []
 
 
 def _compare_objects(
@@ -255,10 +302,10 @@ def write_missing(
     client: Any = None,
     fresh: bool = False,
     pool: cf.ProcessPoolExecutor | None = None,
-) -> tuple[list[SourceItem], int | None]:
+) -> tuple[list[SourceItem], Tally, bool]:
     """Write the items of ``source`` not yet complete in the store (none are when it is
-    ``fresh``): the ones written, and their stored bytes when every item of ``source``
-    was written now (None when some were done before: the caller measures the store)."""
+    ``fresh``): the ones written, what they were, and whether every item of ``source``
+    was written now (else the caller measures the store's bytes)."""
     done = set() if fresh else _finished_items(job, source.items)
     todo = [it for it in source.items if it.name not in done]
     bar = Progress(len(source.items), desc, progress)
@@ -267,7 +314,10 @@ def write_missing(
         written = run_batches(_write_items, job, todo, workers, bar, client, pool)
     finally:
         bar.close()
-    return todo, (sum(written) if not done else None)
+    total = Tally()
+    for t in written:
+        total.add(t)
+    return todo, total, not done
 
 
 def _finished_items(job: Job, items: list[SourceItem]) -> set[str]:

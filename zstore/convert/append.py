@@ -24,6 +24,7 @@ from zstore.convert._items import Job, verify_all, write_missing
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
+from zstore.convert._values import value_lines, with_tally
 from zstore.convert.pipeline import ConvertReport, check_options, with_dtypes
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
@@ -32,6 +33,7 @@ from zstore.format import (
     build,
     current_shapes,
     data_type,
+    parse_precision,
     publish,
     read_manifest,
     shape_rows,
@@ -52,12 +54,14 @@ def append(
     time_axis: int | dict[str, int] | None = None,
     codec: str | None = None,
     chunk_seconds: float | None = None,
+    precision: dict[str, int | str] | None = None,
 ) -> ConvertReport:
     """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
     ``dask`` (a client or scheduler address) runs the items on a Dask cluster.
 
-    The store keeps its codec, chunking, rates and time axes: ``rates``, ``time_axis``,
-    ``codec`` and ``chunk_seconds`` may be given only to state what the store has
+    The store keeps its codec, chunking, rates, time axes and stated precisions (new
+    items are rounded as the store's were): ``rates``, ``time_axis``, ``codec``,
+    ``chunk_seconds`` and ``precision`` may be given only to state what the store has
     (anything else is refused before anything is written), and so are new arrays whose
     dtype or number of dimensions differ from the store's.  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
@@ -75,6 +79,7 @@ def append(
                 f"the first files without --append ({e})"
             ) from None
         _check_options_agree(dst, manifest, rates, time_axis, codec, chunk_seconds)
+        _check_precision_agrees(dst, manifest, precision)
         identities = {f: file_identity(f) for f in files}
         seen = _already_in_store(files, identities, manifest, dst)
         files = [f for f in files if f not in seen]
@@ -103,15 +108,16 @@ def append(
         )
         workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
         with cluster_client(dask) as client:
-            todo, written = write_missing(job, source, workers, progress, "append", client)
+            todo, tally, all_now = write_missing(job, source, workers, progress, "append", client)
             if verify:
                 verify_all(job, source, workers, progress, client)
         before = int(manifest.extra.get("store_bytes", -1))
         nbytes = (
-            before + written
-            if written is not None and before >= 0
+            before + tally.stored_bytes
+            if all_now and before >= 0
             else store_bytes(dst, storage_options)
         )
+        source.arrays = with_tally(source.arrays, tally)
         new, table = _extended(manifest, metas, source, [identities[f] for f in files], nbytes)
         publish(dst, storage_options, new.header(), table)
     total = sum(it.nbytes for it in source.items)
@@ -128,7 +134,31 @@ def append(
         store_id=new.store_id,
         sources=files,
         already_in_store=seen,
+        values=value_lines(new.arrays, tally, source.items, new.chunk_seconds, new.codec),
     )
+
+
+def _check_precision_agrees(
+    dst: str, manifest: Manifest, precision: dict[str, int | str] | None
+) -> None:
+    """A precision given with an append must be the one the store states."""
+    for name, value in (precision or {}).items():
+        given = parse_precision(name, value)
+        info = manifest.arrays.get(name)
+        has = None if info is None else info.precision
+        if has is None or has.bits != given.bits:
+            held = (
+                "no such array"
+                if info is None
+                else f"'{name}' stored lossless"
+                if has is None
+                else f"'{name}' kept to {has.bits} mantissa bits ({has.stated})"
+            )
+            raise SourceError(
+                f"{dst}: --precision {name}={value} was given, but the store has {held}; an "
+                "append keeps the store's precision (new items are rounded as its items "
+                "were): leave it out, or convert these files to a new store"
+            )
 
 
 def _check_options_agree(
@@ -310,6 +340,9 @@ def _extended(
     for name, info in with_dtypes(source).items():
         if arrays[name].dtype is None and info.dtype is not None:
             arrays[name] = dataclasses.replace(arrays[name], dtype=info.dtype)
+        arrays[name] = dataclasses.replace(
+            arrays[name], precision=info.precision, values=info.values
+        )
     extra = dict(manifest.extra)
     extra["sources"] = list(extra.get("sources", [])) + [i["source"] for i in identities]
     extra["appended"] = list(extra.get("appended", [])) + identities

@@ -22,6 +22,7 @@ from zstore.convert._items import Job, compressors, verify_all, write_missing
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._tasks import cluster_client, local_pool
+from zstore.convert._values import value_lines, with_precision, with_tally
 from zstore.errors import DestinationError, SourceError
 from zstore.format import (
     MANIFEST_ATTR,
@@ -30,6 +31,7 @@ from zstore.format import (
     Manifest,
     build,
     data_type,
+    parse_precision,
     publish,
     shape_rows,
 )
@@ -128,6 +130,8 @@ class ConvertReport:
     sources: list[str] = field(default_factory=list)
     #: sources left out of an append: in the store already, unchanged
     already_in_store: list[str] = field(default_factory=list)
+    #: per float array written, what its values are and how they were stored
+    values: dict[str, str] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -157,12 +161,18 @@ class ConvertReport:
             else:
                 how = a.note or "stored whole (no time axis)"
             lines.append(f"  {name}: {how}")
+            if name in self.values:
+                lines.append(f"    {self.values[name]}")
         lines += [f"  skipped {s}" for s in self.skipped]
         lines += [
             f"already in the store, nothing added from it: {s}" for s in self.already_in_store
         ]
         if self.verified:
-            lines.append("verified: every array equals the source")
+            rounded = [n for n, a in self.arrays.items() if a.precision is not None]
+            lines.append(
+                "verified: every array equals the source"
+                + (f" ({', '.join(rounded)}: within the stated rounding)" if rounded else "")
+            )
         return "\n".join(lines)
 
 
@@ -223,6 +233,7 @@ def convert(
     progress: bool = True,
     overwrite: bool = False,
     dask: Any = None,
+    precision: dict[str, int | str] | None = None,
 ) -> ConvertReport:
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
 
@@ -248,6 +259,11 @@ def convert(
         dask: a ``distributed.Client`` or a scheduler address: run every item as a task
             on that Dask cluster instead of local processes (``workers`` is then
             unused). Sources and ``dst`` must be reachable from the workers.
+        precision: per float array, the precision to keep, e.g. ``{"wav": "100dB"}``
+            (the fewest mantissa bits that guarantee that SNR) or ``{"wav": 16}``
+            (mantissa bits): values are rounded to nearest before the usual codecs, so
+            the store compresses true-float audio better and stays core Zarr.  Arrays
+            not named (and integer arrays) keep their exact values.
 
     Rerunning after a crash resumes: finished items are kept, the rest are written.
     Rerunning on a finished store of the same source and options does nothing.
@@ -257,6 +273,7 @@ def convert(
     src = files[0] if len(files) == 1 else f"{len(files)} sources"
     compressors(codec)
     check_options(chunk_seconds, workers)
+    stated = {n: parse_precision(n, v) for n, v in (precision or {}).items()}
     options = {
         "rates": {k: None if v is None else float(v) for k, v in (rates or {}).items()},
         "time_axis": time_axis,
@@ -264,10 +281,13 @@ def convert(
         "codec": codec,
         "layout": LAYOUT,
     }
+    if stated:  # absent otherwise: stores made without it keep their fingerprint
+        options["precision"] = {n: p.bits for n, p in sorted(stated.items())}
     wanted = workers or os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         pool = None if dask is not None else stack.enter_context(local_pool(wanted))
         source = plan(files, rates, time_axis)
+        source.arrays = with_precision(source.arrays, _dtypes(source), stated, src)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)
         fingerprint = corpus_fingerprint(files, options)
@@ -323,32 +343,38 @@ def _convert(
         report = _report(source, dst, storage_options, t0, 0, total_src)
         report.verified, report.sources = verify, files
         return report
-    todo, written = write_missing(
+    todo, tally, all_now = write_missing(
         job, source, workers, progress, "convert", client, fresh=fresh, pool=pool
     )
-    nbytes = written if written is not None else store_bytes(dst, storage_options)
-    manifest, table = _manifest(source, job.codec, job.chunk_seconds, fingerprint, nbytes)
+    nbytes = tally.stored_bytes if all_now else store_bytes(dst, storage_options)
+    arrays = with_tally(with_dtypes(source), tally)
+    manifest, table = _manifest(source, arrays, job, fingerprint, nbytes)
     if verify:
         verify_all(job, source, workers, progress, client, pool)
     publish(dst, storage_options, manifest.header(), table)
     report = _report(source, dst, storage_options, t0, len(todo), total_src, nbytes)
     report.verified, report.store_id = verify, manifest.store_id
-    report.sources = files
+    report.sources, report.arrays = files, arrays
+    report.values = value_lines(arrays, tally, source.items, job.chunk_seconds, job.codec)
     return report
 
 
 def _manifest(
-    source: SourcePlan, codec: str, chunk_seconds: float, fingerprint: dict[str, Any], nbytes: int
+    source: SourcePlan,
+    arrays: dict[str, ArrayInfo],
+    job: Job,
+    fingerprint: dict[str, Any],
+    nbytes: int,
 ) -> tuple[Manifest, dict[str, bytes]]:
     shapes, present = shape_rows([it.shapes for it in source.items], source.arrays)
     return build(
         store_id=uuid.uuid4().hex,
-        arrays=with_dtypes(source),
+        arrays=arrays,
         names=[it.name for it in source.items],
         shapes=shapes,
         present=present,
-        codec=codec,
-        chunk_seconds=chunk_seconds,
+        codec=job.codec,
+        chunk_seconds=job.chunk_seconds,
         extra={
             "fingerprint": fingerprint,
             "store_bytes": nbytes,
@@ -356,6 +382,15 @@ def _manifest(
             **({"skipped": list(source.skipped)} if source.skipped else {}),
         },
     )
+
+
+def _dtypes(source: SourcePlan) -> dict[str, set[str]]:
+    """Per array, the dtypes its items have."""
+    out: dict[str, set[str]] = {}
+    for it in source.items:
+        for name, dt in it.dtypes.items():
+            out.setdefault(name, set()).add(np.dtype(dt).str)
+    return out
 
 
 def with_dtypes(source: SourcePlan) -> dict[str, ArrayInfo]:

@@ -45,9 +45,33 @@ from zstore.format.objects import (
     group_meta,
     handles,
 )
+from zstore.format.precision import (
+    PRECISION_ATTR,
+    VALUE_KINDS,
+    Precision,
+    bits_for_snr,
+    effective_bits,
+    energies,
+    parse_precision,
+    round_mantissa,
+    value_kind,
+    wider_kind,
+    within_rounding,
+)
 from zstore.format.sizing import field_sizes
 
 __all__ = [
+    "bits_for_snr",
+    "effective_bits",
+    "energies",
+    "parse_precision",
+    "Precision",
+    "PRECISION_ATTR",
+    "round_mantissa",
+    "value_kind",
+    "VALUE_KINDS",
+    "wider_kind",
+    "within_rounding",
     "array_meta",
     "ArrayInfo",
     "ArrayLayout",

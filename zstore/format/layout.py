@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from zstore.errors import StoreFormatError
+from zstore.format.precision import Precision
 
 #: 1: the manifest, every item included, is JSON in the root attributes (with zarr's
 #: consolidated metadata beside it).  2: the root attributes hold a header of constant
@@ -42,6 +43,10 @@ class ArrayInfo:
     note: str | None = None
     #: Zarr ``dimension_names`` of every item's array (None: written without them)
     dims: tuple[str, ...] | None = None
+    #: the stated precision of a float array (None: stored lossless)
+    precision: Precision | None = None
+    #: a float array's values: ``"int16"``, ``"int24"`` (PCM samples) or ``"float"``
+    values: str | None = None
 
 
 def _array_header(a: ArrayInfo) -> dict[str, Any]:
@@ -55,6 +60,10 @@ def _array_header(a: ArrayInfo) -> dict[str, Any]:
         out["note"] = a.note
     if a.dims:
         out["dims"] = list(a.dims)
+    if a.precision is not None:
+        out["precision"] = a.precision.header()
+    if a.values:
+        out["values"] = a.values
     return out
 
 
@@ -212,6 +221,8 @@ class Manifest:
                     a.get("dtype"),
                     a.get("note"),
                     tuple(map(str, a["dims"])) if a.get("dims") else None,
+                    Precision.from_header(a["precision"]) if a.get("precision") else None,
+                    a.get("values"),
                 )
                 for n, a in data["arrays"].items()
             },

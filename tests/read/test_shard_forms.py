@@ -53,6 +53,40 @@ class ReadPathContract:
         assert zstore.cache_stats(cache)["ram"]["hits"] > before
 
 
+    def test_a_shard_built_elsewhere_during_a_batch_is_read_once(self, small_store, cache):
+        """A batch's first window reads its chunks and hands its shard to the build
+        behind the reads; the shard is in the tier (built by another process) before the
+        batch's next window of it is planned.  Every window is still one copy of each
+        sample: the batch decides once per shard where it reads it from."""
+        from zstore.format import Span
+        from zstore.read import WindowReader
+
+        reader = WindowReader(small_store, cache=cache).open()
+        form = reader.form
+        if form is None:
+            pytest.skip("no RAM tier: no shards")
+        root = zarr.open_group(small_store, mode="r")
+        item = next(k for k in sorted(root.group_keys()) if root[f"{k}/wav"].shape[1] >= 48000)
+        other = WindowReader(small_store, cache=cache)
+        built = []
+
+        def built_elsewhere(key, build):
+            other.read(item, {"wav": Span(0, 16000)})  # a whole-shard build, another reader
+            built.append(key)
+            return True
+
+        form.later = True  # every form: a shard that displaces others is built behind
+        form.ram.admits_as = lambda key, nbytes, blocked=False: "displace"
+        form.behind.submit = built_elsewhere
+        spans = [Span(0, 16000), Span(16000, 32000), Span(8000, 48000)]
+        wav = root[f"{item}/wav"]
+        outs = [{"wav": np.empty((wav.shape[0], s.stop - s.start), wav.dtype)} for s in spans]
+        reader.read_batch([(item, {"wav": s}) for s in spans], outs)
+        assert built
+        for s, out in zip(spans, outs):
+            np.testing.assert_array_equal(out["wav"], wav[:, s.start : s.stop])
+
+
 class TestDecodedShards(ReadPathContract):
     options = {"ram_format": "decoded"}
 

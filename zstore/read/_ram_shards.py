@@ -124,42 +124,64 @@ class ShardForm(abc.ABC):
         return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
 
     def pieces(self, plan: Plan) -> Pieces:
-        """Pieces covering every span of ``plan``."""
+        """Pieces covering every span of ``plan``.  Where each shard is read from (this
+        process's map, a build now, or its chunks) is decided once per call: a batch's
+        windows of one shard never mix its map with its chunks (a build behind the
+        reads, or another process, may put the shard in the tier between two of them)."""
         pieces: Pieces = {}
-        missing: list[tuple[ArrayLayout, int, Span]] = []
+        missing: dict[str, tuple[ArrayLayout, int, Span]] = {}
         direct: Plan = []
+        decided: dict[str, Mapped | str] = {}
         for name, layout, span in plan:
             if not self.handles(layout):
                 direct.append((name, layout, span))
                 continue
             for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
                 key = self.key(layout, s)
-                got = self._mapped(layout, s, key)
-                if got is not None:
-                    found = self.read(layout, s, got, span)
+                where = decided.get(key)
+                if where is None:
+                    where = decided[key] = self._where(layout, s, key)
+                if isinstance(where, Mapped):
+                    found = self.read(layout, s, where, span)
                     if found is not None:
                         pieces.update(found)
                         continue
-                    self.values.discard(key)  # failed its check: rebuild it
-                how = (
-                    None
-                    if key in self.behind
-                    else self.ram.admits_as(key, self.nbytes(layout, s), blocked=True)
-                )
-                if how == "room" or (how == "displace" and not self.later):
-                    missing.append((layout, s, span))
+                    self.values.discard(key)  # failed its check: this batch reads chunks
+                    where = decided[key] = "chunks"
+                if where == "build":
+                    part = in_shard(layout, s, span)
+                    if key in missing:  # one build, covering every window of the batch
+                        _, _, had = missing[key]
+                        part = Span(min(had.start, part.start), max(had.stop, part.stop))
+                    missing[key] = (layout, s, part)
                     continue
-                if how == "displace":
-                    self.behind.submit(key, partial(self._build_behind, layout, s, key))
                 # the part of the window in this shard, from its chunks
                 direct.append((name, layout, in_shard(layout, s, span)))
         if missing:
-            pieces.update(self._build(missing))
+            pieces.update(self._build(list(missing.values())))
         if direct:  # encoded chunks stay out of the RAM tier: it holds shards
             chunks = chunk_pieces(self.source, direct, ram=False)
             self.chunk_bytes += sum(arr.nbytes for _, arr in chunks.values())
             pieces.update(chunks)
         return pieces
+
+    def _where(self, layout: ArrayLayout, s: int, key: str) -> Mapped | str:
+        """Where a call reads shard ``s`` from: this process's map of it, ``"build"``
+        (into the tier now), or ``"chunks"`` (its build, if admitted, queued behind the
+        reads)."""
+        got = self._mapped(layout, s, key)
+        if got is not None:
+            return got
+        how = (
+            None
+            if key in self.behind
+            else self.ram.admits_as(key, self.nbytes(layout, s), blocked=True)
+        )
+        if how == "room" or (how == "displace" and not self.later):
+            return "build"
+        if how == "displace":
+            self.behind.submit(key, partial(self._build_behind, layout, s, key))
+        return "chunks"
 
     def _build(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
         """Build missing shards into the RAM tier, once for the node (under its lock)."""

@@ -387,7 +387,7 @@ def _assemble(
         )
     dst = [slice(None)] * len(shape)
     src = [slice(None)] * len(shape)
-    covered = 0
+    parts: list[tuple[int, int]] = []
     for (path, _), (offset, arr) in pieces.items():
         if path != layout.path:
             continue
@@ -403,7 +403,8 @@ def _assemble(
             copy_streamed(out[tuple(dst)], arr[tuple(src)])
         else:
             out[tuple(dst)] = arr[tuple(src)]
-        covered += hi - lo
+        parts.append((lo, hi))
+    covered = _covered(parts)
     if covered != span.stop - span.start:  # never hand out np.empty's leftover memory
         raise IntegrityError(
             f"'{layout.path}': the pieces read cover {covered} of the "
@@ -414,3 +415,16 @@ def _assemble(
         dst[axis] = slice(span.stop - span.start, None)
         out[tuple(dst)] = 0
     return out
+
+
+def _covered(parts: list[tuple[int, int]]) -> int:
+    """Samples in the union of ``[lo, hi)`` intervals (pieces of one value may overlap:
+    a shard mapped for one window of a batch and its chunks read for another)."""
+    total, end = 0, None
+    for lo, hi in sorted(parts):
+        if end is not None and lo < end:
+            lo = end
+        if hi > lo:
+            total += hi - lo
+        end = hi if end is None else max(end, hi)
+    return total

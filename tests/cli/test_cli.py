@@ -53,7 +53,8 @@ def test_demo_runs_end_to_end(tmp_path):
     proc = zstore_cli("demo", "--dir", str(tmp_path / "demo"), "--items", "6", "--epochs", "2")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "zstore demo summary" in out and "windows/s by epoch" in out
+    assert "zstore demo summary" in out and "windows/s by epoch: zstore WindowLoader" in out
+    assert "h5py hyperslab reads" in out and "warm (best later epoch): zstore" in out
     assert "RAM tier hit rate" in out and "read from the origin" in out
     assert "vs HDF5" in out
     assert "epoch 1" in proc.stderr  # the progress bars

@@ -260,7 +260,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from zstore.cli._demo import run_demo
 
-    run_demo(args.dir, items=args.items, epochs=args.epochs, workers=args.workers)
+    run_demo(args.dir, items=args.items, epochs=args.epochs, windows_per_item=args.windows_per_item)
     return 0
 
 
@@ -433,7 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default="zstore-demo", help="working directory (./zstore-demo)")
     p.add_argument("--items", type=_count(1), default=16, help="recordings to generate (16)")
     p.add_argument("--epochs", type=_count(1), default=3, help="epochs to read (3)")
-    p.add_argument("--workers", type=_count(0), default=2, help="DataLoader workers (2)")
+    p.add_argument(
+        "--windows-per-item",
+        type=_count(1),
+        default=8,
+        help="random 10 s windows per item and epoch (8)",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 

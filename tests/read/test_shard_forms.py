@@ -52,7 +52,6 @@ class ReadPathContract:
         self.windows(small_store, cache, 0)
         assert zstore.cache_stats(cache)["ram"]["hits"] > before
 
-
     def test_a_shard_built_elsewhere_during_a_batch_is_read_once(self, small_store, cache):
         """A batch's first window reads its chunks and hands its shard to the build
         behind the reads; the shard is in the tier (built by another process) before the

@@ -17,7 +17,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from zstore.convert._source import SourceItem, SourcePlan, open_source
 from zstore.convert._tasks import Progress, run_batches
-from zstore.convert._values import Tally, prepared
+from zstore.convert._values import Tally, prepared, stored_values
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
     DONE_ATTR,
@@ -210,7 +210,7 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
     for item, src_group in _groups(items):
         for name in item.shapes:
             source = _read(src_group, item, name)
-            expected = prepared(job.arrays[name], source, Tally().array(name))
+            expected = stored_values(job.arrays[name], source)
             where = f"{item.name}/{name}"
             if handles(job.codec, expected.dtype, expected.shape):
                 found = _compare_objects(job, writer, where, name, expected)

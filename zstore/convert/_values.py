@@ -22,6 +22,7 @@ from zstore.format import (
     energies,
     geometry,
     round_mantissa,
+    snr_db,
     value_kind,
     wider_kind,
 )
@@ -64,24 +65,25 @@ class Tally:
         return self.arrays.setdefault(name, ArrayTally())
 
 
+def stored_values(info: ArrayInfo, data: np.ndarray) -> np.ndarray:
+    """``data`` as the store holds it: rounded to the array's stated precision (itself
+    when there is none, or it keeps every bit)."""
+    bits = None if info.precision is None else effective_bits(info.precision, data.dtype)
+    return data if bits is None else round_mantissa(data, bits)
+
+
 def prepared(info: ArrayInfo, data: np.ndarray, tally: ArrayTally) -> np.ndarray:
-    """``data`` as the store holds it (rounded to the array's stated precision), with
-    what it is and what rounding cost tallied."""
+    """:func:`stored_values`, with what the values are and what rounding cost tallied."""
     tally.source_bytes += data.nbytes
     if data.dtype.kind != "f":
         return data
     if tally.kind != "float":  # once one item is true float, the array is
         tally.kind = wider_kind(tally.kind, value_kind(data))
-    bits = None if info.precision is None else effective_bits(info.precision, data.dtype)
-    if bits is None:
-        if info.precision is not None:
-            signal, _ = energies(data, data)
-            tally.signal += signal
-        return data
-    rounded = round_mantissa(data, bits)
-    signal, noise = energies(data, rounded)
-    tally.signal += signal
-    tally.noise += noise
+    rounded = stored_values(info, data)
+    if info.precision is not None:
+        signal, noise = energies(data, rounded)
+        tally.signal += signal
+        tally.noise += noise
     return rounded
 
 
@@ -131,8 +133,7 @@ def estimate(
                 rounded, chunks, shards, codec, -1 if axis is None else axis
             ).values()
         )
-        signal, noise = energies(data, rounded)
-        snr = Precision(bits, "", signal, noise).snr_db or 0.0
+        snr = snr_db(*energies(data, rounded)) or 0.0
         out.append((bits, stored / max(1, data.nbytes), snr))
     return out
 

@@ -78,8 +78,7 @@ def append(
                 f"{dst}: no finished zstore store to append to; convert "
                 f"the first files without --append ({e})"
             ) from None
-        _check_options_agree(dst, manifest, rates, time_axis, codec, chunk_seconds)
-        _check_precision_agrees(dst, manifest, precision)
+        _check_options_agree(dst, manifest, rates, time_axis, codec, chunk_seconds, precision)
         identities = {f: file_identity(f) for f in files}
         seen = _already_in_store(files, identities, manifest, dst)
         files = [f for f in files if f not in seen]
@@ -138,29 +137,6 @@ def append(
     )
 
 
-def _check_precision_agrees(
-    dst: str, manifest: Manifest, precision: dict[str, int | str] | None
-) -> None:
-    """A precision given with an append must be the one the store states."""
-    for name, value in (precision or {}).items():
-        given = parse_precision(name, value)
-        info = manifest.arrays.get(name)
-        has = None if info is None else info.precision
-        if has is None or has.bits != given.bits:
-            held = (
-                "no such array"
-                if info is None
-                else f"'{name}' stored lossless"
-                if has is None
-                else f"'{name}' kept to {has.bits} mantissa bits ({has.stated})"
-            )
-            raise SourceError(
-                f"{dst}: --precision {name}={value} was given, but the store has {held}; an "
-                "append keeps the store's precision (new items are rounded as its items "
-                "were): leave it out, or convert these files to a new store"
-            )
-
-
 def _check_options_agree(
     dst: str,
     manifest: Manifest,
@@ -168,8 +144,10 @@ def _check_options_agree(
     time_axis: int | dict[str, int] | None,
     codec: str | None,
     chunk_seconds: float | None,
+    precision: dict[str, int | str] | None = None,
 ) -> None:
-    """Options given with an append must be the store's own."""
+    """Options given with an append must be the store's own (its precision too: new
+    items are rounded as its items were)."""
 
     def refuse(given: str, has: str) -> None:
         raise SourceError(
@@ -198,6 +176,18 @@ def _check_options_agree(
         )
         if not same:
             refuse(f"--rate {name}={'none' if rate is None else f'{rate:g}'}", has)
+    for name, value in (precision or {}).items():
+        given, info = parse_precision(name, value), manifest.arrays.get(name)
+        stated = None if info is None else info.precision
+        if stated is None or stated.bits != given.bits:
+            refuse(
+                f"--precision {name}={value}",
+                "no such array"
+                if info is None
+                else f"'{name}' stored lossless"
+                if stated is None
+                else f"'{name}' kept to {stated.bits} mantissa bits ({stated.stated})",
+            )
     if time_axis is None:
         return
     for name, info in manifest.arrays.items():

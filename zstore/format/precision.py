@@ -45,11 +45,7 @@ class Precision:
     def snr_db(self) -> float | None:
         """The SNR measured on the converted items (None: nothing measured; inf: no
         value moved)."""
-        if self.signal <= 0:
-            return None
-        if self.noise <= 0:
-            return math.inf
-        return 10 * math.log10(self.signal / self.noise)
+        return snr_db(self.signal, self.noise)
 
     @property
     def guaranteed_db(self) -> float:
@@ -101,6 +97,16 @@ class Precision:
             float(data.get("signal_energy") or 0.0),
             float(data.get("noise_energy") or 0.0),
         )
+
+
+def snr_db(signal: float, noise: float) -> float | None:
+    """The SNR in dB of energies ``signal`` and ``noise`` (None: no signal; inf: no
+    noise)."""
+    if signal <= 0:
+        return None
+    if noise <= 0:
+        return math.inf
+    return 10 * math.log10(signal / noise)
 
 
 def bits_for_snr(db: float) -> int:

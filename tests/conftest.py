@@ -30,8 +30,18 @@ def small_h5(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def small_store(small_h5: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The one-group-per-item layout (SMALL's items of 3-12 s would mostly be packed by
+    default; ``packed_store`` holds them packed)."""
     dst = tmp_path_factory.mktemp("store") / "small.zarr"
-    zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False)
+    zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False, pack_seconds=0)
+    return str(dst)
+
+
+@pytest.fixture(scope="session")
+def packed_store(small_h5: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SMALL's items packed (``pack_seconds`` above the longest)."""
+    dst = tmp_path_factory.mktemp("store") / "packed.zarr"
+    zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False, pack_seconds=60)
     return str(dst)
 
 

@@ -1,3 +1,4 @@
+import json
 import signal
 import subprocess
 import warnings
@@ -23,13 +24,36 @@ def same_manifest(a, b) -> bool:
     )
 
 
+def packed_spans(store) -> dict[str, tuple[str, int, int]]:
+    """``item/array`` -> (packed array, offset, length) of every packed item, from the
+    batch records, as a reader without zstore finds them (the README's recipe)."""
+    out = {}
+    for record in Path(store).glob("zstore_packed/*/items.*.json"):
+        doc = json.loads(record.read_text())
+        for name in doc["offsets"]:
+            for k, item in enumerate(doc["items"]):
+                path = f"zstore_packed/{record.parent.name}/{name}"
+                out[f"{item}/{name}"] = (path, doc["offsets"][name][k], doc["lengths"][name][k])
+    return out
+
+
+def stored_array(root, spans, name):
+    """``item/array`` of a store through zarr-python: its own array, or its span of a
+    pack group's (time last)."""
+    if name in spans:
+        path, offset, length = spans[name]
+        return root[path][..., offset : offset + length]
+    return root[name][...]
+
+
 def assert_same_as_source(h5_path, store):
     root = zarr.open_group(store, mode="r")
+    spans = packed_spans(store)
     with h5py.File(h5_path, "r") as f:
 
         def check(name, obj):
             if isinstance(obj, h5py.Dataset) and obj.dtype.kind in "biufc":
-                got = root[name][...]
+                got = stored_array(root, spans, name)
                 assert got.dtype == obj.dtype and got.shape == obj.shape, name
                 assert got.tobytes() == obj[()].tobytes(), name
 
@@ -96,9 +120,12 @@ def test_parallel_equals_serial(small_h5, tmp_path):
     a, b = (zarr.open_group(tmp_path / n, mode="r") for n in ("serial.zarr", "par.zarr"))
     ma, mb = manifest_of(tmp_path / "serial.zarr"), manifest_of(tmp_path / "par.zarr")
     assert same_manifest(ma, mb) and ma.store_id != mb.store_id
+    sa, sb = packed_spans(tmp_path / "serial.zarr"), packed_spans(tmp_path / "par.zarr")
+    assert sa == sb and 0 < len(sa) < 2 * len(ma.items)  # packed and own items, alike
     for item in ma.items:
         for name in ("wav", "act"):
-            assert a[f"{item}/{name}"][...].tobytes() == b[f"{item}/{name}"][...].tobytes()
+            x, y = stored_array(a, sa, f"{item}/{name}"), stored_array(b, sb, f"{item}/{name}")
+            assert x.tobytes() == y.tobytes()
     files_a = sorted(
         p.relative_to(tmp_path / "serial.zarr") for p in (tmp_path / "serial.zarr").rglob("c/*/*")
     )
@@ -176,14 +203,18 @@ def _completed(dst: Path) -> list[str]:
 
 def test_verify_catches_a_corrupted_chunk(small_h5, tmp_path):
     dst = tmp_path / "s.zarr"
-    report = zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False, verify=True)
+    report = zstore.convert(
+        small_h5, dst, rates=RATES, workers=1, progress=False, verify=True, pack_seconds=0
+    )  # packed: tests/convert/test_packed.py
     assert report.verified and "verified" in str(report)
     shard = next((dst / "utt000002" / "wav").rglob("c/0/0"))
     data = bytearray(shard.read_bytes())
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(zstore.StoreFormatError, match="utt000002/wav"):
-        zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False, verify=True)
+        zstore.convert(
+            small_h5, dst, rates=RATES, workers=1, progress=False, verify=True, pack_seconds=0
+        )
 
 
 @pytest.mark.parametrize("codec", ["zstd", "none"])

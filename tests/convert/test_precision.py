@@ -38,8 +38,21 @@ def float_h5(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def rounded_store(float_h5) -> Path:
     dst = float_h5.parent / "p.zarr"
-    proc = cli("convert", str(float_h5), str(dst), "--rate", "wav=16000", "--precision",
-               "wav=100dB", "--verify", "--no-progress", "--workers", "2")  # fmt: skip
+    proc = cli(
+        "convert",
+        str(float_h5),
+        str(dst),
+        "--rate",
+        "wav=16000",
+        "--precision",
+        "wav=100dB",
+        "--verify",
+        "--no-progress",
+        "--workers",
+        "2",
+        "--pack-seconds",
+        "0",
+    )  # fmt: skip  (per-item objects are tested; packed: test_packed.py)
     assert proc.returncode == 0, proc.stderr
     (dst.parent / "report.txt").write_text(proc.stdout)
     return dst
@@ -193,8 +206,21 @@ def _tamper(dst: Path, float_h5: Path, item: str, values) -> None:
 
 
 def _verify(float_h5: Path, dst: Path, spec: str = "wav=100dB"):
-    return cli("convert", str(float_h5), str(dst), "--rate", "wav=16000", "--precision", spec,
-               "--verify", "--no-progress", "--workers", "1")  # fmt: skip
+    return cli(
+        "convert",
+        str(float_h5),
+        str(dst),
+        "--rate",
+        "wav=16000",
+        "--precision",
+        spec,
+        "--verify",
+        "--no-progress",
+        "--workers",
+        "1",
+        "--pack-seconds",
+        "0",
+    )  # fmt: skip  (packed: test_packed.py)
 
 
 def test_verify_checks_values_within_the_stated_rounding(float_h5, tmp_path):

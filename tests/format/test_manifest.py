@@ -37,7 +37,15 @@ def many_items(tmp_path, n=300):
 def test_the_root_holds_no_per_item_metadata(tmp_path):
     data = many_items(tmp_path)
     dst = tmp_path / "s.zarr"
-    zstore.convert(tmp_path / "many.h5", dst, rates=RATES, workers=2, progress=False, verify=True)
+    zstore.convert(
+        tmp_path / "many.h5",
+        dst,
+        rates=RATES,
+        workers=2,
+        progress=False,
+        verify=True,
+        pack_seconds=0,
+    )
     root = json.loads((dst / "zarr.json").read_text())
     assert "consolidated_metadata" not in root
     assert len((dst / "zarr.json").read_bytes()) < 4000  # the same for 300 or 3 million items

@@ -21,7 +21,14 @@ def s3_store(s3, small_h5):
     options, _ = s3
     url = "s3://zstore-test/small.zarr"
     report = zstore.convert(
-        small_h5, url, rates=RATES, storage_options=options, workers=2, progress=False, verify=True
+        small_h5,
+        url,
+        rates=RATES,
+        storage_options=options,
+        workers=2,
+        progress=False,
+        verify=True,
+        pack_seconds=0,  # as small_store (packed on S3: tests/convert/test_packed.py)
     )
     assert report.items == 6 and report.verified
     return url

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from zstore.format import ArrayInfo, parse_array_meta, read_manifest
+from zstore.format import ArrayInfo, parse_array_meta, read_manifest, stored_objects
 from zstore.units import format_size
 
 
@@ -71,6 +71,14 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         "store_bytes": nbytes,
         "arrays": arrays,
     }
+    objects = stored_objects(manifest)
+    packed = manifest.placement.packed_count() if manifest.placement is not None else 0
+    info.update(
+        packed_items=packed,
+        pack_groups=len(manifest.packs),
+        pack_seconds=manifest.extra.get("pack_seconds"),
+        objects=objects,
+    )
     timed = [a for a in arrays.values() if a.get("rate")]
     seconds = max((a["seconds_total"] for a in timed), default=0.0)
     lines = [
@@ -79,6 +87,15 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         f"{format_size(nbytes)}, codec {manifest.codec} + crc32c, "
         f"chunks of {manifest.chunk_seconds:g} s",
     ]
+    per_item = objects / max(1, len(manifest.items))
+    lines.append(
+        f"packed: {packed} of {len(manifest.items)} items "
+        f"(items of at most {manifest.extra.get('pack_seconds', 0):g} s, in "
+        f"{len(manifest.packs)} pack group(s)); {objects} objects, "
+        f"{per_item:.3f} objects per item"
+        if packed
+        else f"packed: none; {objects} objects, {per_item:.3f} objects per item"
+    )
     for name, e in arrays.items():
         rate = (
             f"{e['rate']:g}/s" + (" (inferred)" if e["inferred"] else "")

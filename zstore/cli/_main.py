@@ -104,6 +104,7 @@ def _cache_config(args: argparse.Namespace) -> CacheConfig:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from zstore.convert import convert
+    from zstore.format import PACK_SECONDS
 
     if len(args.paths) < 2:
         raise ZstoreError(
@@ -126,6 +127,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 codec=args.codec,
                 chunk_seconds=args.chunk_seconds,
                 precision=_pairs(args.precision, "--precision", example="wav=100dB") or None,
+                pack_seconds=args.pack_seconds,
             )
         )
         return 0
@@ -143,6 +145,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         overwrite=args.overwrite,
         precision=_pairs(args.precision, "--precision", example="wav=100dB"),
+        pack_seconds=PACK_SECONDS if args.pack_seconds is None else args.pack_seconds,
     )
     print(report)
     return 0
@@ -305,6 +308,7 @@ def _cache_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from zstore import __version__
+    from zstore.format import PACK_SECONDS
 
     parser = argparse.ArgumentParser(
         prog="zstore",
@@ -359,6 +363,15 @@ def build_parser() -> argparse.ArgumentParser:
         "fewest mantissa bits that guarantee 100 dB SNR) or wav=16bits (repeat); values "
         "are rounded to nearest before the codec, so processed (true float) audio "
         "compresses and the store stays plain Zarr. Default: lossless",
+    )
+    p.add_argument(
+        "--pack-seconds",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"pack items whose every array is a time array of at most this many seconds "
+        f"into shared arrays (default {PACK_SECONDS:g}; 0: every item keeps its own group): "
+        "a few objects per hundred short items instead of five per item",
     )
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
     p.add_argument(

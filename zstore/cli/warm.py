@@ -56,14 +56,14 @@ def warm(
             reader = local.reader = pickle.loads(pickle.dumps(first)).open()
         position = positions[item]
         spans = {
-            n: Span(0, reader.layout(item, n).length)
+            n: Span(0, reader.placed(item, n, position)[2])
             for n in names
             if (got := have[n]) is None or position in got
         }  # arrays some items lack
         if first.ssd_holds_store:  # a no-op where the SSD tier was refused
             for n in spans:
-                reader.source.keep_whole(reader.layout(item, n))
-        return sum(a.nbytes for a in reader.read(item, spans).values())
+                reader.source.keep_whole(reader.placed(item, n, position)[0])
+        return sum(a.nbytes for a in reader.read(item, spans, position).values())
 
     total = 0
     with (

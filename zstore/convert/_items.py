@@ -24,6 +24,7 @@ from zstore.format import (
     PRECISION_ATTR,
     ArrayInfo,
     ObjectWriter,
+    PackGroup,
     array_meta,
     dumps,
     effective_bits,
@@ -63,6 +64,8 @@ class Job:
     #: per source file, the completion mark its items carry (an append's items name their
     #: file's version, so a rerun after the file changed writes them anew); else True
     marks: tuple[tuple[str, str], ...] = ()
+    #: the pack groups packed items are written into (as the plan leaves them)
+    packs: tuple[PackGroup, ...] = ()
 
     def mark(self, source: str) -> str | bool:
         return dict(self.marks).get(source, True)
@@ -74,7 +77,7 @@ def _geometry(
     return geometry(shape, info.rate, info.time_axis, chunk_seconds, itemsize)
 
 
-def _read(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.ndarray:
+def read_array(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.ndarray:
     try:
         return (src_group[name] if ds is None else ds)[()]
     except (OSError, RuntimeError) as e:
@@ -101,7 +104,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
     writer = ObjectWriter(job.dst, job.storage_options)
     root: Any = None
     tally = Tally()
-    for item, src_group in _groups(items):
+    for item, src_group in source_groups(items):
         objects: dict[str, bytes] = {}
         by_zarr = []
         for name in item.shapes:
@@ -112,7 +115,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                 by_zarr.append(name)
                 continue
             counts = tally.array(name)
-            data = prepared(job.arrays[name], _read(src_group, item, name, ds), counts)
+            data = prepared(job.arrays[name], read_array(src_group, item, name, ds), counts)
             axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
             meta = dumps(
@@ -152,15 +155,21 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
     return [tally]
 
 
-def _groups(items: list[SourceItem]) -> Iterator[tuple[SourceItem, Any]]:
-    """Each item with its HDF5 group, every source file opened once."""
+def source_files(items: list[SourceItem]) -> Iterator[tuple[SourceItem, Any]]:
+    """Each item with its open HDF5 file, every source file opened once."""
     by_file: dict[str, list[SourceItem]] = {}
     for it in items:
         by_file.setdefault(it.source, []).append(it)
     for source_file, batch in by_file.items():
         with open_source(source_file) as f:
             for item in batch:
-                yield item, f[item.group]
+                yield item, f
+
+
+def source_groups(items: list[SourceItem]) -> Iterator[tuple[SourceItem, Any]]:
+    """Each item with its HDF5 group, every source file opened once."""
+    for item, f in source_files(items):
+        yield item, f[item.group]
 
 
 def _parents(writer: ObjectWriter, name: str) -> None:
@@ -179,7 +188,7 @@ def _write_by_zarr(
     group = root.require_group(item.name)
     for name in names:
         ds = src_group[name]
-        data = prepared(job.arrays[name], _read(src_group, item, name), tally.array(name))
+        data = prepared(job.arrays[name], read_array(src_group, item, name), tally.array(name))
         chunks, shards = _geometry(
             tuple(ds.shape), job.arrays[name], job.chunk_seconds, ds.dtype.itemsize
         )
@@ -207,9 +216,9 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
     writer = ObjectWriter(job.dst, job.storage_options)
     root: Any = None
     problems = []
-    for item, src_group in _groups(items):
+    for item, src_group in source_groups(items):
         for name in item.shapes:
-            source = _read(src_group, item, name)
+            source = read_array(src_group, item, name)
             expected = stored_values(job.arrays[name], source)
             where = f"{item.name}/{name}"
             if handles(job.codec, expected.dtype, expected.shape):
@@ -228,11 +237,11 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
             except Exception as e:  # a checksum or codec failure is a finding
                 problems.append(f"{where}: cannot be read back ({e})")
                 continue
-            problems += _compare_values(job, where, name, got, source, expected)
+            problems += compare_values(job, where, name, got, source, expected)
     return problems
 
 
-def _compare_values(
+def compare_values(
     job: Job, where: str, name: str, got: np.ndarray, source: np.ndarray, expected: np.ndarray
 ) -> list[str]:
     """A stored array read back against its source: bit-identical, or for an array with
@@ -279,12 +288,17 @@ def verify_all(
     progress: bool,
     client: Any = None,
     pool: cf.ProcessPoolExecutor | None = None,
+    found: list[str] | None = None,
 ) -> None:
-    bar = Progress(len(source.items), "verify", progress)
-    try:
-        problems = run_batches(_verify_items, job, source.items, workers, bar, client, pool)
-    finally:
-        bar.close()
+    """Compare every item of ``source`` with the store; raise naming what differs (and
+    the problems ``found`` already, by the packed items' check)."""
+    problems = list(found or [])
+    if source.items:
+        bar = Progress(len(source.items), "verify", progress)
+        try:
+            problems += run_batches(_verify_items, job, source.items, workers, bar, client, pool)
+        finally:
+            bar.close()
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise StoreFormatError(

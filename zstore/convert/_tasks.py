@@ -80,14 +80,18 @@ def run_batches(
     bar: Any,
     client: Any = None,
     pool: cf.ProcessPoolExecutor | None = None,
+    tasks: list[Any] | None = None,
 ) -> list[Any]:
-    """``fn(job, batch)`` over batches of ``items``; its lists' elements, concatenated.
-    Runs on ``client``'s cluster, in ``pool``, or in ``workers`` local processes."""
+    """``fn(job, batch)`` over batches of ``items`` (or over ``tasks``, batches cut
+    already: sequences of items); its lists' elements, concatenated.  Runs on
+    ``client``'s cluster, in ``pool``, or in ``workers`` local processes."""
     if client is not None:
         from zstore.convert._cluster import check_workers, run_tasks
 
-        return run_tasks(client, fn, job, batches(items, check_workers(client)), bar)
-    tasks = batches(items, workers)
+        cut = tasks if tasks is not None else batches(items, check_workers(client))
+        return run_tasks(client, fn, job, cut, bar)
+    if tasks is None:
+        tasks = batches(items, workers)
     results: list[Any] = []
     if workers <= 1 and pool is None:
         for batch in tasks:

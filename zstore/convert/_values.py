@@ -77,7 +77,9 @@ def prepared(info: ArrayInfo, data: np.ndarray, tally: ArrayTally) -> np.ndarray
     tally.source_bytes += data.nbytes
     if data.dtype.kind != "f":
         return data
-    if tally.kind != "float":  # once one item is true float, the array is
+    # Once one item is true float, the array is; an item of zeros says nothing (short
+    # activity labels often are: they would read as int16 samples, then as "float").
+    if tally.kind != "float" and data.any():
         tally.kind = wider_kind(tally.kind, value_kind(data))
     rounded = stored_values(info, data)
     if info.precision is not None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from zstore.convert._corpus import expand_sources, file_identity, identity_mark, source_name, stems
 from zstore.convert._items import Job, verify_all, write_missing
+from zstore.convert._packing import PackPlan, plan_packs, verify_packed, write_packed
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
@@ -30,6 +31,7 @@ from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
     ArrayMetas,
     Manifest,
+    Placement,
     build,
     current_shapes,
     data_type,
@@ -55,6 +57,7 @@ def append(
     codec: str | None = None,
     chunk_seconds: float | None = None,
     precision: dict[str, int | str] | None = None,
+    pack_seconds: float | None = None,
 ) -> ConvertReport:
     """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
     ``dask`` (a client or scheduler address) runs the items on a Dask cluster.
@@ -79,6 +82,13 @@ def append(
                 f"the first files without --append ({e})"
             ) from None
         _check_options_agree(dst, manifest, rates, time_axis, codec, chunk_seconds, precision)
+        has = float(manifest.extra.get("pack_seconds", 0.0))
+        if pack_seconds is not None and float(pack_seconds) != has:
+            raise SourceError(
+                f"{dst}: --pack-seconds {pack_seconds:g} was given, but the store packs "
+                f"items of at most {has:g} s; an append keeps the store's options: leave "
+                "it out, or convert these files to a new store"
+            )
         identities = {f: file_identity(f) for f in files}
         seen = _already_in_store(files, identities, manifest, dst)
         files = [f for f in files if f not in seen]
@@ -96,6 +106,14 @@ def append(
             )
         source = _plan_new(files, manifest, dst)
         marks = tuple((f, identity_mark(identities[f])) for f in files)
+        packs = plan_packs(
+            source.items,
+            manifest.arrays,
+            manifest.codec,
+            manifest.chunk_seconds,
+            has,  # stores made before packing: 0
+            manifest.packs,
+        )
         job = Job(
             files[0],
             dst,
@@ -104,12 +122,18 @@ def append(
             manifest.chunk_seconds,
             manifest.codec,
             marks,
+            tuple(packs.groups),
         )
+        own = dataclasses.replace(source, items=packs.own)
         workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
         with cluster_client(dask) as client:
-            todo, tally, all_now = write_missing(job, source, workers, progress, "append", client)
+            todo, tally, all_now = write_missing(job, own, workers, progress, "append", client)
+            packed, packed_tally = write_packed(job, packs, workers, progress, "append", client)
+            todo += packed
+            tally.add(packed_tally)
             if verify:
-                verify_all(job, source, workers, progress, client)
+                found = verify_packed(job, packs, workers, progress, client)
+                verify_all(job, own, workers, progress, client, found=found)
         before = int(manifest.extra.get("store_bytes", -1))
         nbytes = (
             before + tally.stored_bytes
@@ -117,7 +141,9 @@ def append(
             else store_bytes(dst, storage_options)
         )
         source.arrays = with_tally(source.arrays, tally)
-        new, table = _extended(manifest, metas, source, [identities[f] for f in files], nbytes)
+        new, table = _extended(
+            manifest, metas, source, [identities[f] for f in files], nbytes, packs
+        )
         publish(dst, storage_options, new.header(), table)
     total = sum(it.nbytes for it in source.items)
     return ConvertReport(
@@ -134,6 +160,7 @@ def append(
         sources=files,
         already_in_store=seen,
         values=value_lines(new.arrays, tally, source.items, new.chunk_seconds, new.codec),
+        packed=packs.items,
     )
 
 
@@ -307,6 +334,7 @@ def _extended(
     source: SourcePlan,
     identities: list[dict[str, Any]],
     nbytes: int,
+    packs: PackPlan,
 ) -> tuple[Manifest, dict[str, bytes]]:
     """The store's manifest with the new items after the old ones (same store id)."""
     old_shapes, old_present = current_shapes(manifest, metas)
@@ -339,10 +367,18 @@ def _extended(
     if source.skipped:
         extra["skipped"] = list(extra.get("skipped", [])) + list(source.skipped)
     extra["store_bytes"] = nbytes
+    names = list(manifest.items) + [it.name for it in source.items]
+    packed_arrays = sorted({n for g in packs.groups for n in g.shapes})
+    before = manifest.placement or Placement.unpacked(n_old, packed_arrays)
+    placement = Placement.joined(
+        before, packs.placement([it.name for it in source.items], packed_arrays)
+    )
     return build(
+        packs=tuple(packs.groups),
+        placement=placement,
         store_id=manifest.store_id,
         arrays=arrays,
-        names=list(manifest.items) + [it.name for it in source.items],
+        names=names,
         shapes=shapes,
         present=present,
         codec=manifest.codec,

@@ -45,6 +45,16 @@ from zstore.format.objects import (
     group_meta,
     handles,
 )
+from zstore.format.packs import (
+    PACK_SECONDS,
+    PACKED_ROOT,
+    PackGroup,
+    Placement,
+    packed_geometry,
+    packed_meta,
+    shards_for,
+    signature,
+)
 from zstore.format.precision import (
     PRECISION_ATTR,
     VALUE_KINDS,
@@ -59,9 +69,17 @@ from zstore.format.precision import (
     wider_kind,
     within_rounding,
 )
-from zstore.format.sizing import field_sizes
+from zstore.format.sizing import field_sizes, stored_objects
 
 __all__ = [
+    "PACK_SECONDS",
+    "PACKED_ROOT",
+    "PackGroup",
+    "Placement",
+    "packed_geometry",
+    "packed_meta",
+    "shards_for",
+    "signature",
     "bits_for_snr",
     "effective_bits",
     "energies",
@@ -89,6 +107,7 @@ __all__ = [
     "EMPTY",
     "encode_array",
     "field_sizes",
+    "stored_objects",
     "fill_chunk",
     "geometry",
     "group_meta",

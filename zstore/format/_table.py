@@ -89,9 +89,11 @@ def pack(
     names: Sequence[str],
     shapes: dict[str, np.ndarray],
     present: dict[str, np.ndarray] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> bytes:
-    """The table of ``names``, per-array ``(items, ndim)`` int64 shapes, and for arrays
-    some items lack, which have it (bool per item)."""
+    """The table of ``names``, per-array ``(items, ndim)`` int64 shapes, for arrays
+    some items lack, which have it (bool per item), and ``extra`` sections of one value
+    per item (where packed items lie, :class:`zstore.format.packs.Placement`)."""
     encoded = [n.encode() for n in names]
     offsets = np.zeros(len(encoded) + 1, dtype="<i8")
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
@@ -108,6 +110,10 @@ def pack(
         sections[f"shape/{name}"] = rows
     for name, have in (present or {}).items():
         sections[f"present/{name}"] = np.asarray(have, dtype=np.uint8)
+    for key, column in (extra or {}).items():
+        if len(column) != len(names):
+            raise ValueError(f"section '{key}' must have one value per item")
+        sections[key] = np.ascontiguousarray(column)
     header: dict[str, Any] = {"items": len(names), "sections": {}}
     pos = 0
     for key, arr in sections.items():
@@ -131,9 +137,11 @@ def names_of(names: Sequence[str]) -> Names:
     return unpack(pack(names, {}), "names")[0]
 
 
-def unpack(buf: Any, where: str) -> tuple[Names, dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Names, shapes and presence (bool per item, for arrays some items lack), as views
-    into ``buf`` (bytes or a read-only map)."""
+def unpack(
+    buf: Any, where: str
+) -> tuple[Names, dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Names, shapes, presence (bool per item, for arrays some items lack) and the other
+    sections, as views into ``buf`` (bytes or a read-only map)."""
     raw = np.frombuffer(buf, dtype=np.uint8)
     try:
         if bytes(raw[:8]) != MAGIC:
@@ -160,4 +168,11 @@ def unpack(buf: Any, where: str) -> tuple[Names, dict[str, np.ndarray], dict[str
     present = {
         k[len("present/") :]: v.astype(bool) for k, v in views.items() if k.startswith("present/")
     }
-    return names, shapes, present
+    extra = {
+        k: v
+        for k, v in views.items()
+        if k not in ("names", "offsets", "order")
+        and not k.startswith("shape/")
+        and not k.startswith("present/")
+    }
+    return names, shapes, present, extra

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from zstore.errors import StoreFormatError
+from zstore.format.packs import PackGroup, Placement
 from zstore.format.precision import Precision
 
 #: 1: the manifest, every item included, is JSON in the root attributes (with zarr's
@@ -101,6 +102,10 @@ class Manifest:
     shapes: dict[str, np.ndarray] | None = None
     #: Format 2: the Zarr array that holds the item table.
     table: str | None = None
+    #: The pack groups of packed short items (see :mod:`zstore.format.packs`).
+    packs: tuple[PackGroup, ...] = ()
+    #: Where each item lies: None when every item has its own group.
+    placement: Placement | None = None
 
     def items_with(self, name: str) -> np.ndarray | None:
         """Positions of the items that have array ``name`` (None: every item)."""
@@ -137,8 +142,17 @@ class Manifest:
             "codec": self.codec,
             "chunk_seconds": self.chunk_seconds,
             "all_chunks_written": self.all_chunks_written,
+            **({"packs": [p.header() for p in self.packs]} if self.packs else {}),
             **self.extra,
         }
+
+    def packed(self, position: int, name: str) -> tuple[PackGroup, int] | None:
+        """The pack group and offset of array ``name`` of item ``position``; None when
+        the item has its own group."""
+        if self.placement is None:
+            return None
+        found = self.placement.where(position, name)
+        return None if found is None else (self.packs[found[0]], found[1])
 
     @classmethod
     def from_json(
@@ -168,8 +182,9 @@ class Manifest:
             raise StoreFormatError(f"{where}: format-2 manifest read without its item table")
         from zstore.format._table import unpack
 
-        names, shapes, present = unpack(table(str(data["table"])), where)
+        names, shapes, present, sections = unpack(table(str(data["table"])), where)
         known = {
+            "packs",
             "format",
             "store_id",
             "arrays",
@@ -185,6 +200,8 @@ class Manifest:
             present=present,
             table=str(data["table"]),
             extra={k: v for k, v in data.items() if k not in known},
+            packs=tuple(PackGroup.from_header(p) for p in data.get("packs", ())),
+            placement=Placement.of_sections(sections),
             **common,
         )
 

@@ -28,6 +28,7 @@ from zstore.errors import StoreFormatError
 from zstore.format._table import pack
 from zstore.format.layout import MANIFEST_ATTR, ArrayInfo, Manifest, geometry, time_lengths
 from zstore.format.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
+from zstore.format.packs import PackGroup, Placement
 from zstore.format.sizing import array_totals
 from zstore.origin import Origin
 
@@ -67,6 +68,8 @@ class ArrayMetas:
         if m.shapes is None:
             return (self.consolidated.get(path) or {}).get("node_type") == "array"
         item, _, name = path.rpartition("/")
+        if any(g.path == item and name in g.shapes for g in m.packs):
+            return True  # a pack group's array
         if name not in m.arrays:
             return False
         try:
@@ -277,10 +280,14 @@ def read_manifest(
 
 
 def table_objects(
-    names: Sequence[str], shapes: dict[str, np.ndarray], present: dict[str, np.ndarray]
+    names: Sequence[str],
+    shapes: dict[str, np.ndarray],
+    present: dict[str, np.ndarray],
+    placement: Placement | None = None,
 ) -> tuple[str, dict[str, bytes]]:
     """A new table array's name and objects (``zarr.json`` and its one chunk)."""
-    data = np.frombuffer(pack(names, shapes, present), dtype=np.uint8)
+    extra = placement.sections() if placement is not None else None
+    data = np.frombuffer(pack(names, shapes, present, extra), dtype=np.uint8)
     name = f"zstore_items_{uuid.uuid4().hex[:12]}"
     meta = array_meta(
         data.shape,
@@ -321,11 +328,15 @@ def build(
     codec: str,
     chunk_seconds: float,
     extra: dict[str, Any],
+    packs: tuple[PackGroup, ...] = (),
+    placement: Placement | None = None,
 ) -> tuple[Manifest, dict[str, bytes]]:
     """A format-2 manifest of ``names`` with per-array ``(items, ndim)`` shapes (rows of
     -1 where an item lacks the array) and, for arrays some items lack, which have them
-    (see :func:`shape_rows`); and the objects of its item table."""
-    table, objects = table_objects(names, shapes, present)
+    (see :func:`shape_rows`); the pack groups and where items lie when some are packed;
+    and the objects of its item table."""
+    placement = placement if packs else None
+    table, objects = table_objects(names, shapes, present, placement)
     lengths = time_lengths(arrays, shapes)
     manifest = Manifest.of_table(
         names=names,
@@ -337,6 +348,8 @@ def build(
         codec=codec,
         chunk_seconds=chunk_seconds,
         all_chunks_written=True,
+        packs=tuple(packs),
+        placement=placement,
         extra={
             **extra,
             "min_lengths": min_lengths(lengths),

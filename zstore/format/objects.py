@@ -143,7 +143,9 @@ class _ChunkEncoder:
 def _chunk_of(data: np.ndarray, axis: int, lo: int, size: int, dtype: np.dtype) -> np.ndarray:
     """``data[lo:lo+size]`` along ``axis``, zero-padded to ``size`` at the array's end,
     little-endian and C-ordered (the ``bytes`` codec's input)."""
-    part = np.take(data, range(lo, min(lo + size, data.shape[axis])), axis=axis)
+    index: list[Any] = [slice(None)] * data.ndim
+    index[axis] = slice(lo, min(lo + size, data.shape[axis]))
+    part = data[tuple(index)]  # a view (np.take would gather by an index array)
     if part.shape[axis] < size:
         pad = [(0, 0)] * data.ndim
         pad[axis] = (0, size - part.shape[axis])

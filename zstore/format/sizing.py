@@ -102,3 +102,57 @@ def field_sizes(manifest: Manifest, metas: Any, fields: Sequence[str] | None = N
     total = int(manifest.extra.get("store_bytes", 0))
     stored = int(total * decoded / everything) if everything else total
     return Sizes(decoded, stored, shards, chunks)
+
+
+def stored_objects(manifest: Manifest) -> int:
+    """The objects a format-2 store holds (files on a local path, objects on S3; not
+    directories): the root's two and the item table's, each own item's group, arrays and
+    shards, and each pack group's metadata, shards and batch records."""
+    from zstore.format.layout import CHUNKS_PER_SHARD, MIN_CHUNK_BYTES
+    from zstore.format.packs import packed_geometry
+
+    if manifest.shapes is None:
+        return 0
+    n = len(manifest.items)
+    own = np.ones(n, dtype=bool)
+    if manifest.placement is not None:
+        own = manifest.placement.group < 0
+    total = 3 + int(own.sum())  # root zarr.json, the table's two objects; item groups
+    for name, rows in manifest.shapes.items():
+        info = manifest.arrays[name]
+        have = own & (rows.min(axis=1) >= 0) if rows.shape[1] else own & False
+        if not have.any():
+            continue
+        rows = rows[have]
+        total += len(rows)  # each array's zarr.json
+        if info.rate is None or info.time_axis is None or info.dtype is None:
+            total += int((rows.prod(axis=1) > 0).sum())  # one chunk, unless empty
+            continue
+        axis = info.time_axis % rows.shape[1]
+        length = rows[:, axis]
+        step = np.delete(rows, axis, axis=1).prod(axis=1) * np.dtype(info.dtype).itemsize
+        want = np.maximum(
+            round(info.rate * manifest.chunk_seconds), -(-MIN_CHUNK_BYTES // np.maximum(step, 1))
+        )
+        chunk = np.maximum(1, np.minimum(want, np.maximum(1, length)))
+        shard = chunk * np.maximum(
+            1, np.minimum(CHUNKS_PER_SHARD, -(-np.maximum(1, length) // chunk))
+        )
+        total += int(np.where(length * step > 0, -(-length // shard), 0).sum())
+    for group in manifest.packs:
+        total += 1 + group.batches  # the group's zarr.json, its records
+        for name, shape in group.shapes.items():
+            info = manifest.arrays[name]
+            assert info.rate is not None and info.time_axis is not None  # packed: time arrays
+            _, shards = packed_geometry(
+                shape,
+                info.rate,
+                info.time_axis,
+                manifest.chunk_seconds,
+                np.dtype(group.dtypes[name]).itemsize,
+            )
+            axis = info.time_axis % len(shape)
+            total += 1 + shape[axis] // shards[axis]
+    if manifest.packs:
+        total += 1  # zstore_packed/zarr.json
+    return total

@@ -28,9 +28,11 @@ from zstore.errors import IntegrityError, StoreFormatError
 from zstore.format import (
     VERIFIED,
     ArrayLayout,
+    PackGroup,
     Span,
     decode_attrs,
     field_sizes,
+    packed_meta,
     parse_array_meta,
     read_manifest,
     verified_tables,
@@ -145,6 +147,7 @@ class WindowReader:
             self.url, self.origin, self.tiers, self.fetch, complete=self.manifest.all_chunks_written
         )
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
+        self._records: dict[str, Any] = {}  # packed items' batch records, a few
         self.values: MappedValues | None = None
         self.form: ShardForm | None = None
         if self.tiers is not None and self.tiers.ram is not None:
@@ -218,6 +221,9 @@ class WindowReader:
     def item_attrs(self, position: int) -> dict[str, Any]:
         """The attributes of item ``position`` (its HDF5 group's), read from its group."""
         self.open()
+        packed = self._packed_record(position)
+        if packed is not None:
+            return packed
         meta = self._metas.group(position)
         if meta is None:
             key = f"{self.manifest.items[position]}/zarr.json"
@@ -228,6 +234,27 @@ class WindowReader:
                     f"{self.url}/{key} is missing; restore it or reconvert the store"
                 ) from None
         return decode_attrs(dict(meta.get("attributes", {})))
+
+    def _packed_record(self, position: int) -> dict[str, Any] | None:
+        """A packed item's attributes, from its batch's record (None: not packed)."""
+        placement = self.manifest.placement
+        if placement is None or placement.group[position] < 0:
+            return None
+        group = self.manifest.packs[int(placement.group[position])]
+        key = group.record_key(int(placement.batch[position]))
+        record = self._records.get(key)
+        if record is None:
+            try:
+                record = json.loads(self.origin.read(key))
+            except FileNotFoundError:
+                raise StoreFormatError(
+                    f"{self.url}/{key} is missing; restore it or reconvert the store"
+                ) from None
+            if len(self._records) >= 64:
+                self._records.clear()
+            self._records[key] = record
+        entry = record.get("entries", {}).get(self.manifest.items[position], {})
+        return decode_attrs(dict(entry.get("attrs", {})))
 
     def read(
         self, item: str, spans: dict[str, Span | None], position: int | None = None
@@ -300,21 +327,66 @@ class WindowReader:
         (field, layout, span) for the rest."""
         out: dict[str, np.ndarray] = {}
         plan: list[tuple[str, ArrayLayout, Span]] = []
+        if self.manifest.placement is not None and position is None:
+            position = self.manifest.position(item)
         for name, span in spans.items():
-            layout = self.layout(item, name, position)
-            if span is not None and not 0 <= span.start <= span.stop <= layout.length:
+            layout, offset, length = self.placed(item, name, position)
+            if span is not None and not 0 <= span.start <= span.stop <= length:
                 raise ValueError(
                     f"{self.url}: window [{span.start}, {span.stop}) of '{item}/{name}' lies "
-                    f"outside the array (length {layout.length} along time); a window must "
+                    f"outside the array (length {length} along time); a window must "
                     "end within every array it reads"
                 )
             if span is None and layout.fast:
-                span = Span(0, layout.length)
-            if span is None or not layout.fast or layout.length == 0:
+                span = Span(0, length)
+            if offset and span is not None:  # a packed item: a span of its pack's array
+                span = Span(span.start + offset, span.stop + offset, span.pad)
+            if span is None or not layout.fast or length == 0:
                 out[name] = self._read_with_zarr(layout, span)
             else:
                 plan.append((name, layout, span))
         return out, plan
+
+    def placed(
+        self, item: str, name: str, position: int | None = None
+    ) -> tuple[ArrayLayout, int, int]:
+        """The layout that holds ``item/name``, the item's offset in it along time and
+        its length: its own array, or for a packed item its pack group's array."""
+        self.open()
+        if self.manifest.placement is not None and position is None:
+            position = self.manifest.position(item)
+        packed = (
+            self.manifest.packed(position, name)
+            if position is not None and self.manifest.placement is not None
+            else None
+        )
+        if packed is None:
+            layout = self.layout(item, name, position)
+            return layout, 0, layout.length
+        group, offset = packed
+        if offset < 0:
+            raise StoreFormatError(
+                f"{self.url}: item '{item}' has no array '{name}'; check the field names"
+            )
+        assert self.manifest.shapes is not None and position is not None
+        shape = self.manifest.shapes[name][position]
+        info = self.manifest.arrays[name]
+        axis = (info.time_axis or 0) % len(shape)  # a packed array is a time array
+        return self.pack_layout(group, name), offset, int(shape[axis])
+
+    def pack_layout(self, group: PackGroup, name: str) -> ArrayLayout:
+        """The geometry of a pack group's array (one per array, shared by its items)."""
+        key = (group.path, name)
+        found = self._layouts.get(key)
+        if found is None:
+            info = self.manifest.arrays[name]
+            found = parse_array_meta(
+                group.array_path(name),
+                packed_meta(group, name, info, self.manifest.codec, self.manifest.chunk_seconds),
+                info.time_axis,
+            )
+            self._layouts[key] = found
+        return found
 
     def _pieces(self, plan: list[tuple[str, ArrayLayout, Span]]) -> Pieces:
         """Shards (or chunks) covering every span of ``plan``."""

@@ -37,6 +37,8 @@ class SyntheticSpec:
     #: ``"int16"``: float32 holding 16-bit PCM values (x / 32768), as read from WAV or
     #: FLAC; ``"float"``: reverberant mixtures kept in float32 (true float values)
     audio: str = "int16"
+    #: items under this many speaker groups (``spk003/utt000123``); 0: at the root
+    groups: int = 0
 
     def __post_init__(self) -> None:
         if self.audio not in AUDIO_KINDS:
@@ -134,7 +136,10 @@ def make_synthetic(
         items = tqdm(items, desc="synthetic HDF5", unit="item")
     with h5py.File(tmp, "w") as f:
         for i in items:
-            group = f.create_group(f"utt{i:06d}")
+            name = f"utt{i:06d}"
+            if spec.groups:
+                name = f"spk{int(rng.integers(spec.groups)):03d}/{name}"
+            group = f.create_group(name)
             for name, data in make_item(rng, spec).items():
                 group.create_dataset(name, data=data)
             group.attrs["speaker_count"] = spec.speakers

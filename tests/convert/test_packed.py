@@ -1,0 +1,373 @@
+"""Packed short items (#26): corpora of short utterances stored as spans of shared
+arrays, read through the one read path, converted, resumed, appended and verified."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import zarr
+from conftest import PYTHON, kill_when, subprocess_env, write_h5
+
+import zstore
+from zstore.errors import StoreFormatError
+from zstore.format import round_mantissa
+
+RATES = {"wav": 16000, "act": 100}
+
+
+def short_items(n: int, seed: int = 0, float_audio: bool = False, prefix: str = "spk"):
+    """``n`` utterances of 0.1-1.0 s under speaker groups: ``wav`` (1, samples) at 16 kHz
+    (int16 sample values, or true float), ``act`` (2, frames) at 100/s; attributes on
+    the groups and on some datasets."""
+    rng = np.random.default_rng(seed)
+    items, attrs = {}, {}
+    for i in range(n):
+        frames = int(rng.integers(10, 101))
+        samples = frames * 160
+        if float_audio:
+            wav = (rng.standard_normal((1, samples)) * 0.1).astype(np.float32)
+        else:
+            wav = (rng.integers(-32768, 32768, (1, samples)) / 32768).astype(np.float32)
+        act = (rng.random((2, frames)) > 0.5).astype(np.float32)
+        name = f"{prefix}{i % 7:02d}/utt{i:05d}"
+        items[name] = {"wav": wav, "act": act}
+        attrs[name] = {"speaker": f"s{i % 7}", "snr": float(rng.uniform(0, 30))}
+    return items, attrs
+
+
+def write_items(path: Path, items, attrs) -> str:
+    write_h5(path, items, attrs)
+    with h5py.File(path, "a") as f:
+        first = next(iter(items))
+        f[first]["wav"].attrs["gain"] = 0.5
+    return str(path)
+
+
+def read_whole(store: str, **kw) -> dict[str, dict[str, np.ndarray]]:
+    ds = zstore.WindowDataset(store, window_seconds=None, **kw)
+    out = {}
+    for i in range(len(ds)):
+        x = ds[i]
+        out[x["item"]] = {k: np.asarray(x[k]) for k in ("wav", "act")}
+    return out
+
+
+def files_under(path: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in path.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """60 short items and 2 long ones (12 s), in one file."""
+    tmp = tmp_path_factory.mktemp("packed")
+    items, attrs = short_items(60, seed=1)
+    rng = np.random.default_rng(9)
+    for k in range(2):
+        items[f"long/rec{k}"] = {
+            "wav": (rng.integers(-32768, 32768, (1, 12 * 16000)) / 32768).astype(np.float32),
+            "act": (rng.random((2, 1200)) > 0.5).astype(np.float32),
+        }
+    src = write_items(tmp / "short.h5", items, attrs)
+    dst = str(tmp / "short.zarr")
+    report = zstore.convert(src, dst, rates=RATES, workers=2, progress=False)
+    return src, dst, items, attrs, report
+
+
+def test_short_items_are_packed_and_read_back_bit_identical(corpus):
+    src, dst, items, attrs, report = corpus
+    assert report.packed == 60 and report.items == 62
+    assert "60 packed" in str(report)
+    got = read_whole(dst)
+    assert set(got) == set(items)
+    for name, arrays in items.items():
+        for k, v in arrays.items():
+            assert got[name][k].dtype == v.dtype
+            np.testing.assert_array_equal(got[name][k], v, err_msg=f"{name}/{k}")
+    # A few objects for 60 items: two shards, a record and metadata per pack group.
+    packed = [p for p in Path(dst, "zstore_packed").rglob("*") if p.is_file()]
+    assert len(packed) <= 10
+    # Long items keep their own groups, for zarr-python too.
+    root = zarr.open_group(dst, mode="r")
+    np.testing.assert_array_equal(root["long/rec0/wav"][...], items["long/rec0"]["wav"])
+    assert "spk00" not in root  # a packed item has no group of its own
+
+
+def test_packed_items_keep_their_attributes(corpus):
+    _, dst, items, attrs, _ = corpus
+    name = "spk03/utt00010"
+    chosen = zstore.WindowDataset(
+        dst, window_seconds=None, items=lambda n, a: a.get("speaker") == "s3"
+    )
+    names = sorted(chosen.locate(i)[0] for i in range(len(chosen)))
+    assert name in names
+    assert names == sorted(n for n in items if attrs.get(n, {}).get("speaker") == "s3")
+
+
+def test_windows_of_packed_items_never_hold_a_neighbours_samples(corpus):
+    _, dst, items, _, _ = corpus
+    ds = zstore.WindowDataset(dst, window_seconds=0.5, short="pad", seed=3)
+    seen_short = 0
+    for i in range(len(ds)):
+        x = ds[i]
+        name, frame = x["item"], round(float(x["start"]) * 100)
+        src = items[name]
+        for key, per_frame in (("wav", 160), ("act", 1)):
+            lo = frame * per_frame
+            want = src[key][:, lo : lo + np.asarray(x[key]).shape[1]]
+            got = np.asarray(x[key])
+            np.testing.assert_array_equal(got[:, : want.shape[1]], want)
+            assert not got[:, want.shape[1] :].any(), f"{name}/{key}: samples past its end"
+            seen_short += want.shape[1] < got.shape[1]
+    assert seen_short  # some windows ran past an item's end
+
+
+def test_window_loader_batches_of_packed_items(corpus, cache):
+    _, dst, items, _, _ = corpus
+    ds = zstore.WindowDataset(dst, window_seconds=0.1, cache=cache, seed=5)
+    loader = zstore.WindowLoader(ds, batch_size=8, shuffle=True)
+    n = 0
+    for _ in range(2):  # the second epoch from the warm RAM tier
+        for batch in loader:
+            for j, name in enumerate(batch["item"]):
+                start = round(float(batch["start"][j]) * 16000)
+                want = items[name]["wav"][:, start : start + 1600]
+                np.testing.assert_array_equal(batch["wav"][j].numpy(), want)
+                n += 1
+    assert n == 2 * len(ds)
+
+
+def test_collate_pad_batches_whole_packed_items(corpus):
+    _, dst, items, _, _ = corpus
+    ds = zstore.WindowDataset(dst, window_seconds=None)
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=zstore.collate_pad)
+    batch = next(iter(loader))
+    for j, name in enumerate(batch["item"]):
+        n = int(batch["wav_length"][j])
+        np.testing.assert_array_equal(batch["wav"][j, :, :n].numpy(), items[name]["wav"])
+        assert not batch["wav"][j, :, n:].any()
+
+
+def test_packed_arrays_are_plain_zarr_with_their_spans_in_the_records(corpus):
+    """What the README says: any Zarr v3 reader slices an item out of a pack group's
+    array with the offsets and lengths of its batch record."""
+    _, dst, items, _, _ = corpus
+    root = zarr.open_group(dst, mode="r")
+    found = 0
+    for record_path in sorted(Path(dst, "zstore_packed").glob("*/items.*.json")):
+        record = json.loads(record_path.read_text())
+        group = record_path.parent.name
+        wav = root[f"zstore_packed/{group}/wav"]
+        for k, name in enumerate(record["items"]):
+            o, n = record["offsets"]["wav"][k], record["lengths"]["wav"][k]
+            np.testing.assert_array_equal(wav[:, o : o + n], items[name]["wav"])
+            found += 1
+    assert found == 60
+    ts = pytest.importorskip("tensorstore")
+    arr = ts.open(
+        {"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{dst}/zstore_packed/0/act"}}
+    ).result()
+    record = json.loads(Path(dst, "zstore_packed/0/items.0.json").read_text())
+    o, n = record["offsets"]["act"][0], record["lengths"]["act"][0]
+    np.testing.assert_array_equal(
+        arr[:, o : o + n].read().result(), items[record["items"][0]]["act"]
+    )
+
+
+def test_true_float_audio_is_packed_exactly_and_with_a_stated_precision(tmp_path):
+    items, attrs = short_items(30, seed=4, float_audio=True)
+    src = write_items(tmp_path / "f.h5", items, attrs)
+    exact = str(tmp_path / "exact.zarr")
+    zstore.convert(src, exact, rates=RATES, workers=1, progress=False, verify=True)
+    got = read_whole(exact)
+    for name, arrays in items.items():
+        np.testing.assert_array_equal(got[name]["wav"], arrays["wav"])
+    rounded = str(tmp_path / "rounded.zarr")
+    report = zstore.convert(
+        src, rounded, rates=RATES, workers=1, progress=False, precision={"wav": 12}, verify=True
+    )
+    assert report.packed == 30 and report.verified
+    got = read_whole(rounded)
+    for name, arrays in items.items():
+        want = round_mantissa(arrays["wav"], 12)
+        np.testing.assert_array_equal(got[name]["wav"], want)
+    meta = json.loads(Path(rounded, "zstore_packed/0/wav/zarr.json").read_text())
+    assert meta["attributes"]["zstore_precision"]["mantissa_bits"] == 12
+
+
+def test_pack_seconds_zero_keeps_every_item_in_its_own_group(tmp_path):
+    items, attrs = short_items(5, seed=2)
+    src = write_items(tmp_path / "s.h5", items, attrs)
+    dst = tmp_path / "own.zarr"
+    report = zstore.convert(src, dst, rates=RATES, workers=1, progress=False, pack_seconds=0)
+    assert report.packed == 0 and not (dst / "zstore_packed").exists()
+    assert (
+        zarr.open_group(dst, mode="r")["spk00/utt00000/wav"].shape
+        == items["spk00/utt00000"]["wav"].shape
+    )
+    with pytest.raises(zstore.SourceError, match="--pack-seconds"):
+        zstore.convert(src, tmp_path / "x.zarr", rates=RATES, pack_seconds=-1, progress=False)
+
+
+def test_verify_finds_a_damaged_packed_shard(tmp_path):
+    items, attrs = short_items(20, seed=5)
+    src = write_items(tmp_path / "s.h5", items, attrs)
+    dst = tmp_path / "v.zarr"
+    zstore.convert(src, dst, rates=RATES, workers=1, progress=False)
+    shard = next(Path(dst, "zstore_packed/0/wav/c").rglob("*"))
+    while shard.is_dir():
+        shard = next(shard.iterdir())
+    raw = bytearray(shard.read_bytes())
+    raw[40] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(StoreFormatError, match=r"zstore_packed/0 batch 0 .*differ"):
+        zstore.convert(src, dst, rates=RATES, workers=1, progress=False, verify=True)
+
+
+def test_append_adds_shards_and_rewrites_none(tmp_path, cache):
+    first, attrs1 = short_items(40, seed=6, prefix="a")
+    second, attrs2 = short_items(25, seed=7, prefix="b")
+    src1 = write_items(tmp_path / "one.h5", first, attrs1)
+    src2 = write_items(tmp_path / "two.h5", second, attrs2)
+    dst = tmp_path / "app.zarr"
+    zstore.convert(src1, dst, rates=RATES, workers=1, progress=False)
+    store_id = json.loads((dst / "zarr.json").read_text())["attributes"]["zstore"]["store_id"]
+    shards_before = {
+        k: v for k, v in files_under(dst / "zstore_packed").items() if "/c/" in k or "items." in k
+    }
+    # A reader opened before the append, warm in the RAM tier.
+    before = zstore.WindowDataset(dst, window_seconds=None, cache=cache)
+    warm = {before[i]["item"]: np.asarray(before[i]["wav"]) for i in range(len(before))}
+    report = zstore.append(src2, dst, workers=2, progress=False, verify=True)
+    assert report.packed == 25 and report.converted == 25
+    after = files_under(dst / "zstore_packed")
+    assert {k: after[k] for k in shards_before} == shards_before  # not one byte rewritten
+    assert len([k for k in after if "/c/" in k]) > len([k for k in shards_before if "/c/" in k])
+    assert (
+        json.loads((dst / "zarr.json").read_text())["attributes"]["zstore"]["store_id"] == store_id
+    )
+    got = read_whole(str(dst), cache=cache)
+    for name, arrays in {**first, **second}.items():
+        np.testing.assert_array_equal(got[name]["wav"], arrays["wav"])
+        np.testing.assert_array_equal(got[name]["act"], arrays["act"])
+    for name, wav in warm.items():  # the old reader's view still reads its items
+        np.testing.assert_array_equal(wav, first[name]["wav"])
+    again = zstore.append(src2, dst, workers=1, progress=False)
+    assert again.converted == 0 and files_under(dst / "zstore_packed") == after
+
+
+def test_resume_after_sigkill_rewrites_no_finished_batch(tmp_path):
+    items, attrs = short_items(3000, seed=8)
+    src = write_items(tmp_path / "many.h5", items, attrs)
+    dst = tmp_path / "k.zarr"
+    cmd = [PYTHON, "-m", "zstore.cli", "convert", src, str(dst), "--rate", "wav=16000"]
+    cmd += ["--rate", "act=100", "--workers", "1", "--no-progress"]
+    proc = subprocess.Popen(
+        cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    records = lambda: sorted(dst.glob("zstore_packed/*/items.*.json"))  # noqa: E731
+    kill_when(proc, lambda: bool(records()))
+    assert proc.returncode == -signal.SIGKILL, "the converter finished before it was killed"
+    done = {p.name: p.stat().st_mtime_ns for p in records()}
+    report = zstore.convert(src, dst, rates=RATES, workers=1, progress=False, verify=True)
+    assert report.items == 3000 and 0 < report.already_done < 3000
+    assert {p.name: p.stat().st_mtime_ns for p in records() if p.name in done} == done
+    got = read_whole(str(dst))
+    for name in list(items)[::97]:
+        np.testing.assert_array_equal(got[name]["wav"], items[name]["wav"])
+
+
+def test_info_shows_packed_items_and_objects_per_item(corpus, capsys):
+    _, dst, _, _, _ = corpus
+    from zstore.cli import main
+
+    main(["info", dst])
+    out = capsys.readouterr().out
+    assert "packed: 60 of 62 items" in out
+    assert "objects per item" in out
+
+
+def test_packed_store_on_s3(tmp_path, s3):
+    import s3fs
+
+    options, _ = s3
+    items, attrs = short_items(200, seed=10)
+    src = write_items(tmp_path / "s.h5", items, attrs)
+    url = "s3://zstore-test/short.zarr"
+    report = zstore.convert(
+        src, url, rates=RATES, workers=2, progress=False, storage_options=options
+    )
+    assert report.packed == 200
+    objects = s3fs.S3FileSystem(**options).find("zstore-test/short.zarr")
+    assert len(objects) / 200 <= 0.1  # metadata and the item table included
+    got = read_whole(url, storage_options=options)
+    for name in list(items)[::11]:
+        np.testing.assert_array_equal(got[name]["wav"], items[name]["wav"])
+
+
+def test_packed_items_attributes_keep_nan_and_references(tmp_path):
+    import math
+
+    items, _ = short_items(4, seed=11)
+    src = tmp_path / "odd.h5"
+    write_h5(src, items)
+    with h5py.File(src, "a") as f:
+        first = next(iter(items))
+        f[first].attrs["snr"] = np.nan
+        f[first].attrs["source"] = f[first]["wav"].ref
+    dst = tmp_path / "odd.zarr"
+    zstore.convert(str(src), dst, rates=RATES, workers=1, progress=False)
+    for record in dst.glob("zstore_packed/*/items.*.json"):
+        json.loads(record.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    seen = {}
+    ds = zstore.WindowDataset(
+        dst, window_seconds=None, items=lambda n, a: seen.setdefault(n, a) is not None
+    )
+    assert len(ds) == 4
+    assert math.isnan(seen[first]["snr"]) and seen[first]["source"] == f"/{first}/wav"
+
+
+def test_verify_of_a_stated_precision_checks_packed_values_within_the_rounding(tmp_path):
+    items, attrs = short_items(12, seed=12, float_audio=True)
+    src = write_items(tmp_path / "f.h5", items, attrs)
+    dst = tmp_path / "p.zarr"
+    zstore.convert(src, dst, rates=RATES, workers=1, progress=False, precision={"wav": 16})
+    record = json.loads(Path(dst, "zstore_packed/0/items.0.json").read_text())
+    name = record["items"][3]
+    o, n = record["offsets"]["wav"][3], record["lengths"]["wav"][3]
+    wav = zarr.open_array(dst / "zstore_packed/0/wav", mode="r+")
+
+    def verify() -> None:
+        zstore.convert(
+            src, dst, rates=RATES, workers=1, progress=False, precision={"wav": 16}, verify=True
+        )
+
+    wav[:, o : o + n] = round_mantissa(items[name]["wav"], 20)  # more precise than stated
+    verify()
+    wav[:, o : o + n] = round_mantissa(items[name]["wav"], 8)  # coarser: named
+    with pytest.raises(StoreFormatError, match=rf"{name}/wav: \d+ value\(s\) differ .* 16"):
+        verify()
+
+
+def test_labels_that_are_zero_in_some_items_are_whole_numbers(corpus, tmp_path):
+    items = {
+        "a/u0": {"wav": np.zeros((1, 1600), np.float32), "act": np.zeros((2, 10), np.float32)},
+        "a/u1": {
+            "wav": np.full((1, 1600), 3 / 32768, np.float32),
+            "act": np.ones((2, 10), np.float32),
+        },
+    }
+    src = write_h5(tmp_path / "z.h5", items)
+    report = zstore.convert(src, tmp_path / "z.zarr", rates=RATES, workers=1, progress=False)
+    assert report.arrays["act"].values == "whole" and report.arrays["wav"].values == "int16"

@@ -1,0 +1,457 @@
+"""Packing short items (see :mod:`zstore.format.packs`): which items are packed, into
+which pack group and batch, at which offsets; writing a batch's shards and its record;
+checking a batch against the source on ``--verify``.
+
+The plan is made in the converting process from the scan alone (item shapes), so it is
+the same on a rerun: a batch whose record names the same items (and, for an append,
+the same source versions) is done; any other is written again, whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import numpy as np
+
+from zstore.convert._items import Job, compare_values, source_files
+from zstore.convert._source import SourceItem
+from zstore.convert._tasks import Progress, run_batches
+from zstore.convert._values import Tally, prepared, stored_values
+from zstore.errors import SourceError
+from zstore.format import (
+    PACKED_ROOT,
+    ArrayInfo,
+    ObjectWriter,
+    PackGroup,
+    Placement,
+    dumps,
+    encode_array,
+    group_meta,
+    handles,
+    hdf5_attrs,
+    packed_geometry,
+    packed_meta,
+    shards_for,
+    signature,
+)
+
+#: A batch holds at most this many shards of each array and this many decoded bytes (its
+#: arrays are assembled in memory), and at most this many items.
+BATCH_SHARDS, BATCH_BYTES, BATCH_ITEMS = 4, 64 * 2**20, 4096
+
+
+@dataclass
+class PackBatch:
+    """One task: items of one pack group written into whole shards of its arrays."""
+
+    group: int
+    number: int
+    items: list[SourceItem]
+    starts: dict[str, int]  # per array, the batch's first shard
+    shards: dict[str, int]  # per array, how many shards it takes
+    offsets: list[dict[str, int]]  # per item, per array: its offset in the pack's array
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        return iter(self.items)
+
+
+@dataclass
+class PackPlan:
+    """The packed part of a conversion or append."""
+
+    groups: list[PackGroup]
+    seconds: float  # items no longer than this are packed
+    batches: list[PackBatch] = field(default_factory=list)
+    own: list[SourceItem] = field(default_factory=list)  # items keeping their own group
+    where: dict[str, tuple[int, int, dict[str, int]]] = field(default_factory=dict)
+
+    @property
+    def items(self) -> int:
+        return sum(len(b) for b in self.batches)
+
+    def placement(self, names: list[str], arrays: list[str]) -> Placement:
+        """Where the items ``names`` lie (all of them new in this plan)."""
+        out = Placement.unpacked(len(names), arrays)
+        for i, name in enumerate(names):
+            found = self.where.get(name)
+            if found is not None:
+                out.group[i], out.batch[i] = found[0], found[1]
+                for a, offset in found[2].items():
+                    out.offsets[a][i] = offset
+        return out
+
+
+def packable(item: SourceItem, arrays: dict[str, ArrayInfo], codec: str, seconds: float) -> bool:
+    """Whether ``item`` is packed: every array a time array no longer than ``seconds``,
+    of a form the converter encodes itself."""
+    if not item.shapes or seconds <= 0:
+        return False
+    for name, shape in item.shapes.items():
+        info = arrays[name]
+        if info.rate is None or info.time_axis is None or not shape:
+            return False
+        if not handles(codec, np.dtype(item.dtypes[name]), shape):
+            return False
+        if shape[info.time_axis % len(shape)] > math.floor(seconds * info.rate + 1e-9):
+            return False
+    return True
+
+
+def plan_packs(
+    items: list[SourceItem],
+    arrays: dict[str, ArrayInfo],
+    codec: str,
+    chunk_seconds: float,
+    seconds: float,
+    existing: tuple[PackGroup, ...] = (),
+) -> PackPlan:
+    """Which of ``items`` are packed, and where (after the shards of ``existing``
+    groups: an append starts each array on a fresh shard)."""
+    axes = {n: a.time_axis for n, a in arrays.items() if a.time_axis is not None}
+    groups = list(existing)
+    index = {g.key(axes): k for k, g in enumerate(groups)}
+    out = PackPlan(groups, float(seconds))
+    open_batch: dict[int, PackBatch] = {}
+    used: dict[int, dict[str, int]] = {}
+    for item in items:
+        if not packable(item, arrays, codec, seconds):
+            out.own.append(item)
+            continue
+        key = signature(item.shapes, item.dtypes, axes)
+        g = index.get(key)
+        if g is None:
+            g = index[key] = len(groups)
+            shapes = {}
+            for name, shape in item.shapes.items():
+                s = list(shape)
+                s[axes[name] % len(s)] = 0
+                shapes[name] = tuple(s)
+            path = f"{PACKED_ROOT}/{g}"
+            dtypes = {n: np.dtype(item.dtypes[n]).str for n in item.shapes}
+            groups.append(PackGroup(path, dtypes, shapes, 0))
+        group = groups[g]
+        geo = _geometry(group, arrays, chunk_seconds)
+        batch = open_batch.get(g)
+        lengths = {n: s[axes[n] % len(s)] for n, s in item.shapes.items()}
+        if batch is not None and not _fits(batch, used[g], lengths, geo):
+            groups[g] = group = _closed(group, batch, used[g], geo, axes)
+            batch = None
+        if batch is None:
+            starts = {n: group.shapes[n][axes[n] % len(group.shapes[n])] // geo[n][1] for n in geo}
+            batch = open_batch[g] = PackBatch(g, group.batches, [], starts, {}, [])
+            used[g] = {n: 0 for n in geo}
+            out.batches.append(batch)
+        offsets = {}
+        for n, length in lengths.items():
+            offsets[n] = batch.starts[n] * geo[n][1] + used[g][n]
+            used[g][n] += length
+        batch.items.append(item)
+        batch.offsets.append(offsets)
+        out.where[item.name] = (g, batch.number, offsets)
+    for g, batch in open_batch.items():
+        geo = _geometry(groups[g], arrays, chunk_seconds)
+        groups[g] = _closed(groups[g], batch, used[g], geo, axes)
+    return out
+
+
+def _geometry(
+    group: PackGroup, arrays: dict[str, ArrayInfo], chunk_seconds: float
+) -> dict[str, tuple[int, int, int]]:
+    """Per array of ``group``: (chunk, shard, bytes of one shard)."""
+    out = {}
+    for name, shape in group.shapes.items():
+        info = arrays[name]
+        assert info.rate is not None and info.time_axis is not None
+        itemsize = np.dtype(group.dtypes[name]).itemsize
+        chunks, shards = packed_geometry(shape, info.rate, info.time_axis, chunk_seconds, itemsize)
+        axis = info.time_axis % len(shape)
+        step = math.prod(n for a, n in enumerate(shape) if a != axis) * itemsize
+        out[name] = (chunks[axis], shards[axis], shards[axis] * step)
+    return out
+
+
+def _fits(
+    batch: PackBatch,
+    used: dict[str, int],
+    lengths: dict[str, int],
+    geo: dict[str, tuple[int, int, int]],
+) -> bool:
+    if len(batch.items) >= BATCH_ITEMS:
+        return False
+    most = max(1, min(BATCH_SHARDS, BATCH_BYTES // max(1, max(g[2] for g in geo.values()))))
+    return all(used[n] + lengths[n] <= most * geo[n][1] for n in lengths)
+
+
+def _closed(
+    group: PackGroup,
+    batch: PackBatch,
+    used: dict[str, int],
+    geo: dict[str, tuple[int, int, int]],
+    axes: dict[str, int],
+) -> PackGroup:
+    """``group`` grown by ``batch``'s whole shards (and the batch told how many)."""
+    shapes = {}
+    for name, shape in group.shapes.items():
+        batch.shards[name] = shards_for(used[name], geo[name][1])
+        s = list(shape)
+        s[axes[name] % len(s)] = (batch.starts[name] + batch.shards[name]) * geo[name][1]
+        shapes[name] = tuple(s)
+    return dataclasses.replace(group, shapes=shapes, batches=group.batches + 1)
+
+
+def group_objects(
+    plan: PackPlan, arrays: dict[str, ArrayInfo], codec: str, chunk_seconds: float
+) -> dict[str, bytes]:
+    """The ``zarr.json`` documents of the pack groups the plan writes into (their
+    shapes as the plan leaves them; shards already written are not touched)."""
+    touched = sorted({b.group for b in plan.batches})
+    out: dict[str, bytes] = {}
+    if touched:
+        out[f"{PACKED_ROOT}/zarr.json"] = group_meta({})
+    for g in touched:
+        group = plan.groups[g]
+        out[f"{group.path}/zarr.json"] = group_meta({})
+        for name in group.shapes:
+            meta = packed_meta(group, name, arrays[name], codec, chunk_seconds)
+            out[f"{group.array_path(name)}/zarr.json"] = dumps(meta)
+    return out
+
+
+def _record(batch: PackBatch, job: Job) -> dict[str, Any]:
+    return {
+        "items": [it.name for it in batch.items],
+        "marks": sorted({str(job.mark(it.source)) for it in batch.items}),
+    }
+
+
+def encode_batch(
+    job: Job, batch: PackBatch, verify: bool = False
+) -> tuple[dict[str, bytes], dict[str, Any], Tally]:
+    """The shard objects and the record of ``batch`` (keys relative to the store), and
+    what was written.  ``verify``: the values the store should hold, nothing tallied."""
+    group = job.packs[batch.group]
+    arrays = {n: job.arrays[n] for n in group.shapes}
+    geo = _geometry(group, job.arrays, job.chunk_seconds)
+    buffers: dict[str, np.ndarray] = {}
+    for name, shape in group.shapes.items():
+        axis = arrays[name].time_axis % len(shape)  # type: ignore[operator]
+        s = list(shape)
+        s[axis] = batch.shards[name] * geo[name][1]
+        buffers[name] = np.zeros(s, dtype=np.dtype(group.dtypes[name]))
+    tally = Tally()
+    entries: dict[str, Any] = {}
+    at = {it.name: offsets for it, offsets in zip(batch.items, batch.offsets)}
+    for item, raws, attrs in read_items(batch.items):
+        for name, raw in raws.items():
+            data = (
+                stored_values(arrays[name], raw)
+                if verify
+                else prepared(arrays[name], raw, tally.array(name))
+            )
+            axis = arrays[name].time_axis % data.ndim  # type: ignore[operator]
+            lo = at[item.name][name] - batch.starts[name] * geo[name][1]
+            index: list[Any] = [slice(None)] * data.ndim
+            index[axis] = slice(lo, lo + data.shape[axis])
+            buffers[name][tuple(index)] = data
+        if attrs:
+            entries[item.name] = attrs
+        tally.items += 1
+    objects: dict[str, bytes] = {}
+    for name, data in buffers.items():
+        if not data.size:
+            continue
+        axis = arrays[name].time_axis % data.ndim  # type: ignore[operator]
+        chunks, shards = list(data.shape), list(data.shape)
+        chunks[axis], shards[axis] = geo[name][0], geo[name][1]
+        for key, blob in encode_array(data, tuple(chunks), tuple(shards), job.codec, axis).items():
+            coords = key.split("/")[1:]
+            coords[axis] = str(int(coords[axis]) + batch.starts[name])
+            objects[f"{group.array_path(name)}/c/{'/'.join(coords)}"] = blob
+            tally.stored_bytes += len(blob)
+            tally.array(name).stored_bytes += len(blob)
+    names = sorted(group.shapes)
+    record = {
+        **_record(batch, job),
+        # each item's span of every array: readable without zstore (see the README)
+        "offsets": {n: [offsets[n] for offsets in batch.offsets] for n in names},
+        "lengths": {
+            n: [it.shapes[n][arrays[n].time_axis % len(it.shapes[n])] for it in batch.items]  # type: ignore[operator]
+            for n in names
+        },
+        "entries": entries,
+    }
+    return objects, record, tally
+
+
+def read_items(
+    items: list[SourceItem],
+) -> Iterator[tuple[SourceItem, dict[str, np.ndarray], dict[str, Any]]]:
+    """Each item with its arrays and its attributes (``{"attrs": group's, "arrays":
+    {name: dataset's}}``, only those it has), each source file opened once.  Through
+    h5py's low-level API: a small item's read is mostly the high-level objects' cost."""
+    for item, f in source_files(items):
+        yield item, *_read_item(f, item)
+
+
+def _read_item(f: Any, item: SourceItem) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    where = item.group
+    try:
+        gid = h5py.h5g.open(f.id, item.group.encode())
+        arrays: dict[str, np.ndarray] = {}
+        attrs: dict[str, Any] = {}
+        for name, shape in item.shapes.items():
+            where = f"{item.group}/{name}"
+            did = h5py.h5d.open(gid, name.encode())
+            out = np.empty(shape, dtype=item.dtypes[name])
+            if out.size:
+                did.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+            arrays[name] = out
+            _array_attrs(did, name, attrs)
+        where = item.group
+        if h5py.h5a.get_num_attrs(gid):
+            group_attrs = hdf5_attrs(h5py.Group(gid))
+            if group_attrs:
+                attrs["attrs"] = group_attrs
+    except (OSError, RuntimeError, KeyError) as e:
+        raise SourceError(
+            f"{item.source}: reading '{where}' failed ({e}); the file may be truncated "
+            "or corrupt: re-copy it"
+        ) from None
+    return arrays, attrs
+
+
+def _array_attrs(did: Any, name: str, attrs: dict[str, Any]) -> None:
+    if h5py.h5a.get_num_attrs(did):
+        own = hdf5_attrs(h5py.Dataset(did))
+        if own:
+            attrs.setdefault("arrays", {})[name] = own
+
+
+def write_batch(job: Job, batch: PackBatch) -> list[Tally]:
+    """Write ``batch``'s shards, then its record (the mark that it is complete)."""
+    objects, record, tally = encode_batch(job, batch)
+    writer = ObjectWriter(job.dst, job.storage_options)
+    writer.put(objects, atomic=False)  # the record, written last, vouches for them
+    blob = dumps(record)
+    writer.put({job.packs[batch.group].record_key(batch.number): blob})
+    tally.stored_bytes += len(blob)
+    return [tally]
+
+
+def verify_batch(job: Job, batch: PackBatch) -> list[str]:
+    """Problems found comparing ``batch`` with the source, object by object (the
+    encoding is deterministic)."""
+    objects, record, _ = encode_batch(job, batch, verify=True)
+    group = job.packs[batch.group]
+    writer = ObjectWriter(job.dst, job.storage_options)
+    where = f"{group.path} batch {batch.number} (items {batch.items[0].name} ...)"
+    key = group.record_key(batch.number)
+    got = writer.read_many([key, *objects])
+    if key not in got:
+        return [f"{where}: its record {key} is missing"]
+    missing = [k for k in objects if k not in got]
+    if missing:
+        return [f"{where}: cannot be read back (object {missing[0]} is missing)"]
+    differ = [k for k, v in objects.items() if got[k] != v]
+    if not differ:
+        return []
+    if all(job.arrays[n].precision is None for n in group.shapes):
+        return [f"{where}: values differ from the source (object {differ[0]} differs)"]
+    return _compare_spans(job, batch)  # other bytes may still be within the rounding
+
+
+def _compare_spans(job: Job, batch: PackBatch) -> list[str]:
+    """Each item of ``batch`` read back through zarr against its source: bit-identical,
+    or within the stated rounding (values stored more precisely than stated pass)."""
+    import zarr
+
+    from zstore.urls import zarr_store
+
+    group = job.packs[batch.group]
+    root = zarr.open_group(
+        zarr_store(job.dst, job.storage_options, read_only=True), mode="r", use_consolidated=False
+    )
+    problems: list[str] = []
+    at = {it.name: offsets for it, offsets in zip(batch.items, batch.offsets)}
+    for item, raws, _ in read_items(batch.items):
+        for name, source in raws.items():
+            axis = job.arrays[name].time_axis % source.ndim  # type: ignore[operator]
+            index: list[Any] = [slice(None)] * source.ndim
+            index[axis] = slice(at[item.name][name], at[item.name][name] + source.shape[axis])
+            array: Any = root[group.array_path(name)]
+            got = np.asarray(array[tuple(index)])
+            expected = stored_values(job.arrays[name], source)
+            problems += compare_values(job, f"{item.name}/{name}", name, got, source, expected)
+    return problems
+
+
+def finished_batches(job: Job, batches: list[PackBatch]) -> set[tuple[int, int]]:
+    """(group, number) of the batches whose record names this job's items and marks."""
+    writer = ObjectWriter(job.dst, job.storage_options)
+    keys = {job.packs[b.group].record_key(b.number): b for b in batches}
+    found = writer.read_many(list(keys))
+    done = set()
+    for key, raw in found.items():
+        batch = keys[key]
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue  # cut short: not complete
+        want = _record(batch, job)
+        if record.get("items") == want["items"] and record.get("marks") == want["marks"]:
+            done.add((batch.group, batch.number))
+    return done
+
+
+def write_packed(
+    job: Job,
+    plan: PackPlan,
+    workers: int,
+    progress: bool,
+    desc: str,
+    client: Any = None,
+    fresh: bool = False,
+    pool: Any = None,
+) -> tuple[list[SourceItem], Tally]:
+    """Write the plan's batches not complete in the store yet (none are when it is
+    ``fresh``), after the pack groups' metadata: the items written and what they were."""
+    tally = Tally()
+    if not plan.batches:
+        return [], tally
+    writer = ObjectWriter(job.dst, job.storage_options)
+    metas = group_objects(plan, job.arrays, job.codec, job.chunk_seconds)
+    writer.put(metas)
+    tally.stored_bytes += sum(len(v) for v in metas.values())
+    done = set() if fresh else finished_batches(job, plan.batches)
+    todo = [b for b in plan.batches if (b.group, b.number) not in done]
+    bar = Progress(plan.items, f"{desc} (packed)", progress)
+    bar.update(plan.items - sum(len(b) for b in todo), 0)
+    try:
+        written = run_batches(write_batch, job, [], workers, bar, client, pool, tasks=todo)
+    finally:
+        bar.close()
+    for t in written:
+        tally.add(t)
+    return [it for b in todo for it in b.items], tally
+
+
+def verify_packed(
+    job: Job, plan: PackPlan, workers: int, progress: bool, client: Any = None, pool: Any = None
+) -> list[str]:
+    """Problems found comparing every packed batch with the source."""
+    if not plan.batches:
+        return []
+    bar = Progress(plan.items, "verify (packed)", progress)
+    try:
+        return run_batches(verify_batch, job, [], workers, bar, client, pool, tasks=plan.batches)
+    finally:
+        bar.close()

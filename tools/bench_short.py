@@ -235,10 +235,17 @@ def s3_objects(store_src: Path, n: int) -> tuple[int, int]:
             "secret": "s",
             "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"},
         }
+        import boto3
         import s3fs
 
+        boto3.client(
+            "s3",
+            endpoint_url=f"http://{host}:{port}",
+            region_name="us-east-1",
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+        ).create_bucket(Bucket="bench")
         fs = s3fs.S3FileSystem(**options)
-        fs.mkdir("bench")
         zstore.convert(
             str(store_src),
             "s3://bench/s.zarr",
@@ -266,7 +273,7 @@ def reads(
     cache = zstore.CacheConfig(ram_dir=ram, ram_bytes="6GB", ssd_dir=None)
     whole = zstore.WindowDataset(str(store), window_seconds=None, cache=cache)
     window = zstore.WindowDataset(str(store), window_seconds=1.0, cache=cache, seed=1)
-    names = list(whole.items)
+    names = list(whole.reader.open().manifest.items)
     rng = np.random.default_rng(0)
     order = rng.permutation(len(whole))[: min(len(whole), 5000)]
     f = h5py.File(h5, "r")

@@ -80,7 +80,7 @@ class ReadPathContract:
         spans = [Span(0, 16000), Span(16000, 32000), Span(8000, 48000)]
         wav = root[f"{item}/wav"]
         outs = [{"wav": np.empty((wav.shape[0], s.stop - s.start), wav.dtype)} for s in spans]
-        reader.read_batch([(item, {"wav": s}) for s in spans], outs)
+        reader.read_batch([(item, {"wav": s}, None) for s in spans], outs)
         assert built
         for s, out in zip(spans, outs):
             np.testing.assert_array_equal(out["wav"], wav[:, s.start : s.stop])

@@ -12,6 +12,7 @@ zarr's own indexing.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import os
@@ -296,7 +297,7 @@ class WindowReader:
 
     def read_batch(
         self,
-        windows: list[tuple[str, dict[str, Span | None]]],
+        windows: Sequence[tuple[str, dict[str, Span | None], int | None]],
         outs: list[dict[str, np.ndarray]],
         copy: Callable[[list[Callable[[], None]]], None] | None = None,
     ) -> None:
@@ -304,18 +305,20 @@ class WindowReader:
         per window): the misses of all of them go to the tiers and the origin in one
         round; ``copy`` runs the copies (e.g. in a thread pool; default: in turn).  The
         copies are streamed (``zstore.streamcopy``): ``outs`` are batch slots read once
-        the batch is full, not right away."""
+        the batch is full, not right away.  Each window is ``(item, spans, position)``,
+        the position in the manifest when the caller knows it (else None)."""
         self.open()
         jobs: list[Callable[[], None]] = []
         with self._lock:
-            plans = [self._plan(item, spans) for item, spans in windows]
+            plans = [self._plan(item, spans, position) for item, spans, position in windows]
             whole = [entry for _, plan in plans for entry in plan]
             pieces = self._pieces(whole) if whole else {}
+        index = _by_path(pieces)  # a batch's windows of short items share their shards
         for (direct, plan), out in zip(plans, outs):
             for name, arr in direct.items():
                 jobs.append(functools.partial(np.copyto, out[name], arr))
             for name, layout, span in plan:
-                jobs.append(functools.partial(_copy_into, layout, span, pieces, out[name]))
+                jobs.append(functools.partial(_copy_into, layout, span, index, out[name]))
         (copy or _run_all)(jobs)
         del jobs, pieces  # the fetched pieces go before the heap is trimmed
         self._trim()
@@ -425,9 +428,38 @@ def _run_all(jobs: list[Callable[[], None]]) -> None:
         job()
 
 
-def _copy_into(layout: ArrayLayout, span: Span, pieces: Pieces, out: np.ndarray) -> None:
+def _copy_into(layout: ArrayLayout, span: Span, index: PathIndex, out: np.ndarray) -> None:
     """One window's copy into its batch slot (a job of :meth:`WindowReader.read_batch`)."""
-    _assemble(layout, span, pieces, out, stream=True)
+    _assemble(layout, span, _near(index, layout.path, span), out, stream=True)
+
+
+#: per value path: its pieces' offsets (sorted), the pieces, and the longest's length
+PathIndex = dict[str, tuple[list[int], list[tuple[int, Any]], int]]
+
+
+def _by_path(pieces: Pieces) -> PathIndex:
+    """A batch's pieces by value path, in offset order: each window then looks at the
+    few that can overlap it, not at every piece of the batch."""
+    by: dict[str, list[tuple[int, Any]]] = {}
+    for (path, _), (offset, arr) in pieces.items():
+        by.setdefault(path, []).append((offset, arr))
+    out: PathIndex = {}
+    for path, entries in by.items():
+        entries.sort(key=lambda e: e[0])
+        longest = max(max(arr.shape, default=0) for _, arr in entries)  # >= along time
+        out[path] = ([o for o, _ in entries], entries, longest)
+    return out
+
+
+def _near(index: PathIndex, path: str, span: Span) -> Pieces:
+    """The pieces of ``path`` that can overlap ``span`` (as a :data:`Pieces` dict)."""
+    found = index.get(path)
+    if found is None:
+        return {}
+    offsets, entries, longest = found
+    lo = bisect.bisect_left(offsets, span.start - longest)
+    hi = bisect.bisect_left(offsets, span.stop)
+    return {(path, k): entries[k] for k in range(lo, hi)}
 
 
 def window_shape(layout: ArrayLayout, span: Span) -> tuple[int, ...]:

@@ -175,15 +175,18 @@ class WindowLoader:
         ds = self.dataset
         if ds.transform is not None:
             return self._read_transformed(indices, copier)
-        located = [ds.locate(i) for i in indices]
+        placed = [ds.placed(i) for i in indices]
+        located = [p[:4] for p in placed]
         buffers = self._buffers(located)
         outs = [{name: arr[b] for name, arr in buffers.arrays.items()} for b in range(len(indices))]
 
-        def copy(jobs: list[Any]) -> None:
-            list(copier.map(lambda job: job(), jobs))
+        def copy(jobs: list[Any]) -> None:  # a share of the copies per thread, not one each
+            shares = [jobs[k :: self.threads] for k in range(min(self.threads, len(jobs)))]
+            list(copier.map(_run_share, shares))
 
         try:
-            ds.reader.read_batch([(item, spans) for item, spans, _, _ in located], outs, copy)
+            windows = [(item, spans, position) for item, spans, _, _, position in placed]
+            ds.reader.read_batch(windows, outs, copy)
         except Exception as e:
             raise self._error(located, indices, e) from e
         batch: dict[str, Any] = {
@@ -261,3 +264,8 @@ class WindowLoader:
                     held = [b for b in self._pool if not b.free()]
                     self._pool.remove(held[0] if held else self._pool[0])
         return batch
+
+
+def _run_share(jobs: list[Any]) -> None:
+    for job in jobs:
+        job()

@@ -452,9 +452,16 @@ class WindowDataset(torch.utils.data.Dataset):
     def locate(self, i: int | tuple[int, int]) -> tuple[str, dict[str, Span | None], float, int]:
         """What ``ds[i]`` reads: (item name, span per field, start in seconds, real
         frames of the coarsest field)."""
+        name, spans, start, take, _ = self.placed(i)
+        return name, spans, start, take
+
+    def placed(
+        self, i: int | tuple[int, int]
+    ) -> tuple[str, dict[str, Span | None], float, int, int]:
+        """:meth:`locate`, and the item's position in the store's manifest."""
         w = self.window(i)
         coarse_rate = self._rates[self._coarse] if self._coarse else 1.0
-        return self._items[w.item], self._spans(w), w.start / coarse_rate, w.take
+        return self._items[w.item], self._spans(w), w.start / coarse_rate, w.take, w.item
 
     def _spans(self, w: Window) -> dict[str, Span | None]:
         spans: dict[str, Span | None] = {}
@@ -473,10 +480,11 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int | tuple[int, int]) -> dict[str, Any]:
         w = self.window(i)
-        arrays = self.reader.read(self._items[w.item], self._spans(w), w.item)
+        name = self._items[w.item]
+        arrays = self.reader.read(name, self._spans(w), w.item)
         coarse_rate = self._rates[self._coarse] if self._coarse else 1.0
-        out: dict[str, Any] = {name: torch.from_numpy(arr) for name, arr in arrays.items()}
-        out["item"] = self._items[w.item]
+        out: dict[str, Any] = {field: torch.from_numpy(arr) for field, arr in arrays.items()}
+        out["item"] = name
         out["start"] = w.start / coarse_rate
         out["length"] = w.take
         return self.transform(out) if self.transform is not None else out

@@ -238,23 +238,25 @@ def s3_objects(store_src: Path, n: int) -> tuple[int, int]:
         import boto3
         import s3fs
 
-        boto3.client(
+        client = boto3.client(
             "s3",
             endpoint_url=f"http://{host}:{port}",
             region_name="us-east-1",
             aws_access_key_id="k",
             aws_secret_access_key="s",
-        ).create_bucket(Bucket="bench")
+        )
+        if "bench" not in [b["Name"] for b in client.list_buckets().get("Buckets", [])]:
+            client.create_bucket(Bucket="bench")  # moto keeps buckets across servers
         fs = s3fs.S3FileSystem(**options)
         zstore.convert(
             str(store_src),
-            "s3://bench/s.zarr",
+            f"s3://bench/s{n}.zarr",
             rates=RATES,
             workers=2,
             progress=False,
             storage_options=options,
         )
-        found = fs.find("bench/s.zarr", detail=True)
+        found = fs.find(f"bench/s{n}.zarr", detail=True)
         return len(found), sum(int(v["size"]) for v in found.values())
     finally:
         server.stop()
@@ -427,6 +429,8 @@ def plot(results: list[dict], path: str) -> None:
     ax.plot(ns, [r["zstore bytes"] / r["h5 bytes"] for r in results], "o-", label="zstore")
     if all("litdata bytes" in r for r in results):
         ax.plot(ns, [r["litdata bytes"] / r["h5 bytes"] for r in results], "s-", label="LitData")
+    if all("mds bytes" in r for r in results):
+        ax.plot(ns, [r["mds bytes"] / r["h5 bytes"] for r in results], "d-", label="MDS")
     ax.set(xscale="log", xlabel="items", ylabel="bytes on disk / HDF5", title="Disk")
     ax.legend()
     ax = axes[2]
@@ -535,13 +539,21 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "zstore-short"))
     p.add_argument("--no-s3", action="store_true")
+    p.add_argument(
+        "--reuse", action="store_true", help="take a size's results from an earlier run's file"
+    )
     p.add_argument("--docs", default=os.path.join(os.path.dirname(__file__), "..", "docs"))
     args = p.parse_args()
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     results = []
     for n in args.sizes:
-        r = run_size(n, data, args.reps, not args.no_s3)
+        saved = data / f"results-{n}.json"  # each size's run, kept as soon as it is done
+        if args.reuse and saved.exists():
+            r = json.loads(saved.read_text())
+        else:
+            r = run_size(n, data, args.reps, not args.no_s3)
+            saved.write_text(json.dumps(r, indent=1))
         print(json.dumps(r, indent=1))
         results.append(r)
     with open(os.path.join(args.docs, "benchmarks-short.json"), "w") as f:

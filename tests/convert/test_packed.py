@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import PYTHON, kill_when, subprocess_env, write_h5
+from conftest import PYTHON, kill_when, manifest_of, subprocess_env, write_h5
 
 import zstore
 from zstore.errors import StoreFormatError
@@ -296,6 +296,20 @@ def test_info_shows_packed_items_and_objects_per_item(corpus, capsys):
     out = capsys.readouterr().out
     assert "packed: 60 of 62 items" in out
     assert "objects per item" in out
+    info = zstore.store_info(dst)
+    files = [p for p in Path(dst).rglob("*") if p.is_file() and p.name != "zstore.lock"]
+    assert info["objects"] == len(files) and info["packed_items"] == 60
+    wav = info["arrays"]["wav"]  # the first item, long/rec0, has its own group
+    assert wav["shard_length"] == 12 * 16000 and wav["shape_of_first_item"] == [1, 12 * 16000]
+
+
+def test_info_of_a_store_of_packed_items_shows_the_packed_chunking(tmp_path):
+    items, attrs = short_items(5, seed=13)
+    dst = tmp_path / "p.zarr"
+    zstore.convert(write_items(tmp_path / "s.h5", items, attrs), dst, rates=RATES, progress=False)
+    wav = zstore.store_info(str(dst))["arrays"]["wav"]
+    assert wav["chunk"] == [1, 16000] and wav["shard_length"] == 64 * 16000
+    assert wav["shape_of_first_item"] == list(manifest_of(dst).shapes["wav"][0])
 
 
 def test_packed_store_on_s3(tmp_path, s3):

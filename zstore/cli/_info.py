@@ -6,7 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from zstore.format import ArrayInfo, parse_array_meta, read_manifest, stored_objects
+from zstore.format import (
+    ArrayInfo,
+    packed_meta,
+    parse_array_meta,
+    read_manifest,
+    stored_objects,
+)
 from zstore.units import format_size
 
 
@@ -41,11 +47,21 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         have = manifest.items_with(name)
         entry["items_with"] = len(manifest.items) if have is None else len(have)
         first = manifest.first_index(name)
-        array_meta = metas.at(first, name) if first is not None else None
+        in_pack = manifest.packed(first, name) if first is not None else None
+        array_meta = (
+            packed_meta(in_pack[0], name, a, manifest.codec, manifest.chunk_seconds)
+            if in_pack is not None
+            else metas.at(first, name)
+            if first is not None
+            else None
+        )
         if array_meta:
             layout = parse_array_meta(name, array_meta, a.time_axis)
+            first_shape = list(layout.shape)
+            if in_pack is not None and manifest.shapes is not None:  # the item's, not its pack's
+                first_shape = [int(x) for x in manifest.shapes[name][first]]
             entry.update(
-                shape_of_first_item=list(layout.shape),
+                shape_of_first_item=first_shape,
                 dtype=str(layout.dtype),
                 chunk=list(layout.chunk_shape),
                 shard_length=layout.shard,

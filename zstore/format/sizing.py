@@ -118,6 +118,13 @@ def stored_objects(manifest: Manifest) -> int:
     if manifest.placement is not None:
         own = manifest.placement.group < 0
     total = 3 + int(own.sum())  # root zarr.json, the table's two objects; item groups
+    parents: set[str] = (
+        set()
+    )  # the groups above nested items (``spk/rec9``): Zarr v3 has no implicit ones
+    for i in np.flatnonzero(own):
+        parts = manifest.items[int(i)].split("/")[:-1]
+        parents.update("/".join(parts[: k + 1]) for k in range(len(parts)))
+    total += len(parents)
     for name, rows in manifest.shapes.items():
         info = manifest.arrays[name]
         have = own & (rows.min(axis=1) >= 0) if rows.shape[1] else own & False

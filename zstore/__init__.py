@@ -6,6 +6,8 @@ node-shared RAM/SSD cache.
 ['CacheConfig', 'CachedFileSystem', 'CachedStore']
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 import fsspec as _fsspec
 
 from zstore.cache import CacheConfig, cache_stats, clear_cache
@@ -24,15 +26,39 @@ from zstore.errors import (
     ZstoreError,
 )
 from zstore.read import CachedStore, WindowReader, open_store
-from zstore.train import (
-    LoaderError,
-    NodeSampler,
-    WindowDataset,
-    WindowLoader,
-    WindowSampler,
-    collate_pad,
-)
 from zstore.units import parse_size
+
+if _TYPE_CHECKING:
+    from zstore.train import (
+        LoaderError,
+        NodeSampler,
+        WindowDataset,
+        WindowLoader,
+        WindowSampler,
+        collate_pad,
+    )
+
+#: The training layer's names import torch (~1.1 s, ~300 MB): on first use, so that a
+#: conversion's worker processes, and scripts that only convert, do without it.
+_TRAIN = (
+    "LoaderError",
+    "NodeSampler",
+    "WindowDataset",
+    "WindowLoader",
+    "WindowSampler",
+    "collate_pad",
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _TRAIN:
+        import zstore.train
+
+        value = getattr(zstore.train, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'zstore' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

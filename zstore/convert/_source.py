@@ -32,6 +32,14 @@ class SourceItem:
     nbytes: int
     source: str = ""  # the HDF5 file
     group: str = ""  # the group's path in it (the item name, less any file prefix)
+    #: per dataset stored contiguously, uncompressed, in the file itself: the byte
+    #: offset of its data (read directly, without HDF5's read machinery)
+    offsets: dict[str, int] = field(default_factory=dict)
+    #: the names that have HDF5 attributes ("" for the group); None: not known
+    with_attrs: frozenset[str] | None = None
+    #: the file's (size, mtime_ns, inode) when ``offsets`` were found: they are used
+    #: only while the file is unchanged
+    identity: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -80,9 +88,16 @@ def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
     items: list[SourceItem] = []
     skipped: list[str] = []
     path = os.fspath(src)
+    identity = None
     with open_source(path) as f:
+        if not is_url(path):  # the file as scanned: its datasets' offsets hold for it
+            try:
+                st = os.fstat(f.id.get_vfd_handle())
+                identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+            except (OSError, TypeError, ValueError):
+                identity = None  # not a plain file descriptor: read through HDF5
         try:
-            found, left, aliases = _datasets(f.id)
+            found, left, aliases, direct, attrs = _datasets(f.id)
         except (OSError, RuntimeError, KeyError) as e:
             raise SourceError(
                 f"{path}: reading the file failed ({e}); it may be truncated or corrupt: re-copy it"
@@ -103,6 +118,7 @@ def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
             groups.setdefault(group, []).append((key, shape, dtype))
     for name, arrays in groups.items():
         arrays.sort(key=lambda a: a[0])
+        where = {k: direct.get(f"{name}/{k}") for k, _, _ in arrays}
         items.append(
             SourceItem(
                 name,
@@ -111,6 +127,11 @@ def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
                 sum(math.prod(s) * d.itemsize for _, s, d in arrays),
                 path,
                 name,
+                {k: o for k, o in where.items() if o is not None},
+                frozenset(
+                    k for k in ("", *(a[0] for a in arrays)) if f"{name}/{k}".rstrip("/") in attrs
+                ),
+                identity,
             )
         )
     if not items:
@@ -121,9 +142,13 @@ def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
 
 def _datasets(
     fid: Any,
-) -> tuple[list[tuple[str, tuple[int, ...], np.dtype]], list[str], dict[str, str]]:
-    """(path, shape, dtype) of every dataset in the file, what was left out and why, and
-    the groups reached under a second name (alias -> the name it is converted under).
+) -> tuple[
+    list[tuple[str, tuple[int, ...], np.dtype]], list[str], dict[str, str], dict[str, int], set[str]
+]:
+    """(path, shape, dtype) of every dataset in the file, what was left out and why, the
+    groups reached under a second name (alias -> the name it is converted under), the
+    byte offsets of datasets stored contiguously in the file, and the paths of the
+    objects that have attributes.
 
     Walks the file's links, each once: a group hard-linked under several names is
     converted under its first name in name order and the others are aliases; a soft
@@ -134,6 +159,9 @@ def _datasets(
     aliases: dict[str, str] = {}
     groups: dict[int, str] = {}
     links: list[tuple[bytes, int]] = []
+    found: list[bytes] = []  # the datasets, described after the walk
+    direct: dict[str, int] = {}
+    attrs: set[str] = set()
     fid.links.visit(lambda name, info: links.append((name, info.type)), info=True)
     for raw, kind in links:
         name = raw.decode("utf-8", "surrogateescape")
@@ -156,6 +184,8 @@ def _datasets(
             )
             skipped.append(f"{name}: soft link to {target}, which does not exist")
             continue
+        if info.num_attrs:
+            attrs.add(name)
         if info.type == h5py.h5o.TYPE_GROUP:
             if info.addr in groups:
                 aliases[name] = groups[info.addr]
@@ -165,9 +195,36 @@ def _datasets(
             else:
                 groups[info.addr] = name
         elif info.type == h5py.h5o.TYPE_DATASET:
-            ds = h5py.h5d.open(fid, raw)
-            datasets.append((name, ds.shape, ds.dtype))
-    return datasets, skipped, aliases
+            found.append(raw)
+    for raw, (shape, dtype, offset) in zip(found, _described(fid, found)):
+        name = raw.decode("utf-8", "surrogateescape")
+        datasets.append((name, shape, dtype))
+        if offset is not None:
+            direct[name] = offset
+    return datasets, skipped, aliases, direct, attrs
+
+
+def _described(f: Any, names: list[bytes]) -> list[tuple[tuple[int, ...], np.dtype, int | None]]:
+    """Shape, dtype and (when contiguous in the file) data offset of each dataset of
+    ``names`` in the h5py file id ``f``."""
+    out = []
+    for raw in names:
+        ds = h5py.h5d.open(f, raw)
+        out.append((ds.shape, ds.dtype, _contiguous(ds)))
+    return out
+
+
+def _contiguous(ds: Any) -> int | None:
+    """The file offset of a dataset's data when it is stored contiguously in the file
+    itself, every byte of it written (no chunks, filters or external files); else None."""
+    try:  # HDF5 has no offset for chunked, compact, virtual or external storage
+        offset = ds.get_offset()
+        nbytes = math.prod(ds.shape) * ds.dtype.itemsize
+        if offset is None or not nbytes or ds.get_storage_size() != nbytes:
+            return None
+        return int(offset)
+    except (OSError, RuntimeError, ValueError, TypeError):
+        return None
 
 
 def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:

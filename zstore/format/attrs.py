@@ -19,6 +19,7 @@ are written as strict JSON:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import h5py
@@ -37,6 +38,41 @@ def hdf5_attrs(obj: Any) -> dict[str, Any]:
     for key, value in obj.attrs.items():
         flag = [False]
         out[key] = _value(value, obj.file, flag)
+        if flag[0]:
+            nonfinite.append(key)
+    if nonfinite:
+        out[NONFINITE_ATTR] = nonfinite
+    return out
+
+
+def hdf5_attrs_of(oid: Any, high: Callable[[], Any]) -> dict[str, Any]:
+    """:func:`hdf5_attrs` of a low-level h5py object id: numeric attributes are read
+    through h5py's low-level API (half the cost of its attribute manager, which was a
+    fifth of a short item's conversion); any other kind takes :func:`hdf5_attrs` of
+    ``high()``, the high-level object."""
+    count = h5py.h5a.get_num_attrs(oid)
+    if not count:
+        return {}
+    values = {}
+    for i in range(count):
+        aid = h5py.h5a.open(oid, index=i)
+        dtype = aid.dtype
+        if (
+            dtype.kind not in "biuf"
+            or dtype.names is not None
+            or dtype.subdtype is not None
+            or aid.get_space().get_simple_extent_type() == h5py.h5s.NULL
+        ):
+            return hdf5_attrs(high())
+        data = np.empty(aid.shape, dtype=dtype)
+        if data.size:
+            aid.read(data)
+        values[aid.name.decode("utf-8", "surrogateescape")] = data[()] if data.ndim == 0 else data
+    out: dict[str, Any] = {}
+    nonfinite = []
+    for key, value in values.items():
+        flag = [False]
+        out[key] = _value(value, None, flag)  # numbers: no references to resolve
         if flag[0]:
             nonfinite.append(key)
     if nonfinite:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import mmap
 import os
@@ -38,6 +39,14 @@ def sketch_width(budget: int) -> int:
 
 def sketch_bytes(width: int) -> int:
     return HEADER + ROWS * width * 2
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _slots(raw: bytes, width: int) -> tuple[int, ...]:
+    """A key's counters, one per row (cached: a RAM hit touches its key each time, and
+    the keys of a store's shards repeat)."""
+    h = int.from_bytes(hashlib.blake2b(raw, digest_size=4 * ROWS).digest(), "little")
+    return tuple(r * width + ((h >> (32 * r)) & 0xFFFFFFFF) % width for r in range(ROWS))
 
 
 class FrequencySketch:
@@ -100,11 +109,8 @@ class FrequencySketch:
         self._width = width
         return True
 
-    def _slots(self, key: str | bytes) -> list[int]:
-        raw = key if isinstance(key, bytes) else str(key).encode()
-        h = int.from_bytes(hashlib.blake2b(raw, digest_size=4 * ROWS).digest(), "little")
-        w = self._width
-        return [r * w + ((h >> (32 * r)) & 0xFFFFFFFF) % w for r in range(ROWS)]
+    def _slots(self, key: str | bytes) -> tuple[int, ...]:
+        return _slots(key if isinstance(key, bytes) else str(key).encode(), self._width)
 
     def touch(self, key: str) -> None:
         """Count one access of ``key``."""

@@ -59,6 +59,8 @@ from bench_docs import replace_section  # noqa: E402
 MARK_BEGIN = "<!-- short: begin (tools/bench_short.py) -->"
 MARK_END = "<!-- short: end -->"
 RATES = {"wav": 16000, "act": 100}
+#: corpora up to this many items are converted `--reps` times by every writer
+CONVERT_REPS_UPTO = 10_000
 #: windows each loader run reads (an epoch of 100k items would take minutes per run)
 LOADER_WINDOWS = 10_000
 
@@ -380,11 +382,20 @@ def run_size(n: int, data: Path, reps: int, s3: bool) -> dict:
         store, lit, mds = work / "s.zarr", work / "lit", work / "mds"
         out: dict = {"items": n}
         torchvision_standin(data)
-        out["zstore convert s"] = zstore_convert(h5, store, "zstd")
-        seconds = litdata_convert(h5, lit, work)
-        out["litdata convert s"] = seconds
-        mds_seconds = mds_convert(h5, mds)
-        out["mds convert s"] = mds_seconds
+        # The writers in turn, `reps` times up to CONVERT_REPS_UPTO items (this machine's
+        # speed varies from minute to minute): the median of each, and the spread.
+        times: dict[str, list[float]] = {"zstore": [], "litdata": [], "mds": []}
+        for _ in range(reps if n <= CONVERT_REPS_UPTO else 1):
+            times["zstore"].append(zstore_convert(h5, store, "zstd"))
+            for name, run in (("litdata", lambda: litdata_convert(h5, lit, work)),
+                              ("mds", lambda: mds_convert(h5, mds))):  # fmt: skip
+                took = run()
+                if took is not None:
+                    times[name].append(took)
+        for name, took in times.items():
+            out[f"{name} convert s"] = statistics.median(took) if took else None
+            out[f"{name} convert spread"] = [n / max(took), n / min(took)] if took else None
+        seconds, mds_seconds = out["litdata convert s"], out["mds convert s"]
         h5_bytes, _ = disk(h5)
         out["h5 bytes"] = h5_bytes
         for name, path in (
@@ -501,6 +512,20 @@ def table(results: list[dict]) -> list[str]:
 
 
 def write(results: list[dict], docs: str) -> None:
+    writes = "; ".join(
+        f"{r['items']:,}: "
+        + ", ".join(
+            f"{name} {r[key][0]:,.0f}-{r[key][1]:,.0f}"
+            for name, key in (
+                ("zstore", "zstore convert spread"),
+                ("MDS", "mds convert spread"),
+                ("LitData", "litdata convert spread"),
+            )
+            if r.get(key) and r[key][0] != r[key][1]
+        )
+        for r in results
+        if any(r.get(k) for k in ("zstore convert spread",))
+    )
     spreads = "; ".join(
         f"{r['items']:,}: "
         + ", ".join(
@@ -524,7 +549,8 @@ def write(results: list[dict], docs: str) -> None:
             "",
             *table(results),
             "",
-            f"Spreads (items/s): {spreads}.",
+            f"Spreads (items/s): {spreads}. Writing, medians of the runs in turn (items/s): "
+            f"{writes}.",
             "",
             "![short utterances](benchmarks-short.png)",
             MARK_END,

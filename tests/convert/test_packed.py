@@ -265,6 +265,8 @@ def test_append_adds_shards_and_rewrites_none(tmp_path, cache):
         np.testing.assert_array_equal(wav, first[name]["wav"])
     again = zstore.append(src2, dst, workers=1, progress=False)
     assert again.converted == 0 and files_under(dst / "zstore_packed") == after
+    with pytest.raises(zstore.SourceError, match="--pack-seconds 2 was given.* at most 10 s"):
+        zstore.append(src2, dst, progress=False, pack_seconds=2)
 
 
 def test_resume_after_sigkill_rewrites_no_finished_batch(tmp_path):

@@ -285,6 +285,9 @@ def test_resume_after_sigkill_rewrites_no_finished_batch(tmp_path):
     report = zstore.convert(src, dst, rates=RATES, workers=1, progress=False, verify=True)
     assert report.items == 3000 and 0 < report.already_done < 3000
     assert {p.name: p.stat().st_mtime_ns for p in records() if p.name in done} == done
+    # the manifest's byte count covers the batches written before the kill too
+    packed_bytes = sum(p.stat().st_size for p in (dst / "zstore_packed").rglob("*") if p.is_file())
+    assert manifest_of(dst).extra["store_bytes"] >= packed_bytes
     got = read_whole(str(dst))
     for name in list(items)[::97]:
         np.testing.assert_array_equal(got[name]["wav"], items[name]["wav"])

@@ -22,8 +22,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from zstore.convert._items import Job, compare_values, source_files
-from zstore.convert._source import SourceItem
+from zstore.convert._items import Job, compare_values, source_files, verify_all, write_missing
+from zstore.convert._source import SourceItem, SourcePlan
 from zstore.convert._tasks import Progress, run_batches
 from zstore.convert._values import Tally, prepared, stored_values
 from zstore.errors import SourceError
@@ -42,6 +42,7 @@ from zstore.format import (
     packed_meta,
     shards_for,
     signature,
+    step_nbytes,
 )
 
 #: A batch holds at most this many shards of each array and this many decoded bytes (its
@@ -75,7 +76,6 @@ class PackPlan:
     seconds: float  # items no longer than this are packed
     batches: list[PackBatch] = field(default_factory=list)
     own: list[SourceItem] = field(default_factory=list)  # items keeping their own group
-    where: dict[str, tuple[int, int, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def items(self) -> int:
@@ -84,11 +84,12 @@ class PackPlan:
     def placement(self, names: list[str], arrays: list[str]) -> Placement:
         """Where the items ``names`` lie (all of them new in this plan)."""
         out = Placement.unpacked(len(names), arrays)
-        for i, name in enumerate(names):
-            found = self.where.get(name)
-            if found is not None:
-                out.group[i], out.batch[i] = found[0], found[1]
-                for a, offset in found[2].items():
+        position = {name: i for i, name in enumerate(names)}
+        for batch in self.batches:
+            for item, offsets in zip(batch.items, batch.offsets):
+                i = position[item.name]
+                out.group[i], out.batch[i] = batch.group, batch.number
+                for a, offset in offsets.items():
                     out.offsets[a][i] = offset
         return out
 
@@ -125,6 +126,7 @@ def plan_packs(
     out = PackPlan(groups, float(seconds))
     open_batch: dict[int, PackBatch] = {}
     used: dict[int, dict[str, int]] = {}
+    geos: dict[int, dict[str, tuple[int, int, int]]] = {}  # a group's geometry: its own
     for item in items:
         if not packable(item, arrays, codec, seconds):
             out.own.append(item)
@@ -142,7 +144,9 @@ def plan_packs(
             dtypes = {n: np.dtype(item.dtypes[n]).str for n in item.shapes}
             groups.append(PackGroup(path, dtypes, shapes, 0))
         group = groups[g]
-        geo = _geometry(group, arrays, chunk_seconds)
+        if g not in geos:
+            geos[g] = _geometry(group, arrays, chunk_seconds)
+        geo = geos[g]
         batch = open_batch.get(g)
         lengths = {n: s[axes[n] % len(s)] for n, s in item.shapes.items()}
         if batch is not None and not _fits(batch, used[g], lengths, geo):
@@ -159,17 +163,16 @@ def plan_packs(
             used[g][n] += length
         batch.items.append(item)
         batch.offsets.append(offsets)
-        out.where[item.name] = (g, batch.number, offsets)
     for g, batch in open_batch.items():
-        geo = _geometry(groups[g], arrays, chunk_seconds)
-        groups[g] = _closed(groups[g], batch, used[g], geo, axes)
+        groups[g] = _closed(groups[g], batch, used[g], geos[g], axes)
     return out
 
 
 def _geometry(
     group: PackGroup, arrays: dict[str, ArrayInfo], chunk_seconds: float
 ) -> dict[str, tuple[int, int, int]]:
-    """Per array of ``group``: (chunk, shard, bytes of one shard)."""
+    """Per array of ``group``: (chunk, shard, bytes of one shard); the same for every
+    length of the group's arrays."""
     out = {}
     for name, shape in group.shapes.items():
         info = arrays[name]
@@ -177,8 +180,7 @@ def _geometry(
         itemsize = np.dtype(group.dtypes[name]).itemsize
         chunks, shards = packed_geometry(shape, info.rate, info.time_axis, chunk_seconds, itemsize)
         axis = info.time_axis % len(shape)
-        step = math.prod(n for a, n in enumerate(shape) if a != axis) * itemsize
-        out[name] = (chunks[axis], shards[axis], shards[axis] * step)
+        out[name] = (chunks[axis], shards[axis], shards[axis] * step_nbytes(shape, axis, itemsize))
     return out
 
 
@@ -466,12 +468,13 @@ def write_packed(
     client: Any = None,
     fresh: bool = False,
     pool: Any = None,
-) -> tuple[list[SourceItem], Tally]:
+) -> tuple[list[SourceItem], Tally, bool]:
     """Write the plan's batches not complete in the store yet (none are when it is
-    ``fresh``), after the pack groups' metadata: the items written and what they were."""
+    ``fresh``), after the pack groups' metadata: the items written, what they were, and
+    whether every batch was written now."""
     tally = Tally()
     if not plan.batches:
-        return [], tally
+        return [], tally, True
     writer = ObjectWriter(job.dst, job.storage_options)
     metas = group_objects(plan, job.arrays, job.codec, job.chunk_seconds)
     writer.put(metas)
@@ -486,17 +489,47 @@ def write_packed(
         bar.close()
     for t in written:
         tally.add(t)
-    return [it for b in todo for it in b.items], tally
+    return [it for b in todo for it in b.items], tally, not done
 
 
-def verify_packed(
-    job: Job, plan: PackPlan, workers: int, progress: bool, client: Any = None, pool: Any = None
-) -> list[str]:
-    """Problems found comparing every packed batch with the source."""
-    if not plan.batches:
-        return []
-    bar = Progress(plan.items, "verify (packed)", progress)
-    try:
-        return run_batches(verify_batch, job, [], workers, bar, client, pool, tasks=plan.batches)
-    finally:
-        bar.close()
+def write_all(
+    job: Job,
+    own: SourcePlan,
+    plan: PackPlan,
+    workers: int,
+    progress: bool,
+    desc: str,
+    client: Any = None,
+    fresh: bool = False,
+    pool: Any = None,
+) -> tuple[list[SourceItem], Tally, bool]:
+    """Write what the store lacks: the items of ``own`` (each in its own group), then
+    the plan's batches; the items written, what they were, and whether everything was
+    written now (else some was written before, and the caller measures the store)."""
+    todo, tally, all_own = write_missing(job, own, workers, progress, desc, client, fresh, pool)
+    packed, packed_tally, all_packed = write_packed(
+        job, plan, workers, progress, desc, client, fresh, pool
+    )
+    return todo + packed, tally.add(packed_tally), all_own and all_packed
+
+
+def verify_store(
+    job: Job,
+    own: SourcePlan,
+    plan: PackPlan,
+    workers: int,
+    progress: bool,
+    client: Any = None,
+    pool: Any = None,
+) -> None:
+    """Compare every item, own and packed, with the source; raise naming what differs."""
+    found: list[str] = []
+    if plan.batches:
+        bar = Progress(plan.items, "verify (packed)", progress)
+        try:
+            found = run_batches(
+                verify_batch, job, [], workers, bar, client, pool, tasks=plan.batches
+            )
+        finally:
+            bar.close()
+    verify_all(job, own, workers, progress, client, pool, found)

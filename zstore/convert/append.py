@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from zstore.convert._corpus import expand_sources, file_identity, identity_mark, source_name, stems
-from zstore.convert._items import Job, verify_all, write_missing
-from zstore.convert._packing import PackPlan, plan_packs, verify_packed, write_packed
+from zstore.convert._items import Job
+from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
@@ -127,13 +127,9 @@ def append(
         own = dataclasses.replace(source, items=packs.own)
         workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
         with cluster_client(dask) as client:
-            todo, tally, all_now = write_missing(job, own, workers, progress, "append", client)
-            packed, packed_tally = write_packed(job, packs, workers, progress, "append", client)
-            todo += packed
-            tally.add(packed_tally)
+            todo, tally, all_now = write_all(job, own, packs, workers, progress, "append", client)
             if verify:
-                found = verify_packed(job, packs, workers, progress, client)
-                verify_all(job, own, workers, progress, client, found=found)
+                verify_store(job, own, packs, workers, progress, client)
         before = int(manifest.extra.get("store_bytes", -1))
         nbytes = (
             before + tally.stored_bytes

@@ -18,8 +18,8 @@ import zarr
 
 from zstore.convert._corpus import expand_sources
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
-from zstore.convert._items import Job, compressors, verify_all, write_missing
-from zstore.convert._packing import PackPlan, plan_packs, verify_packed, write_packed
+from zstore.convert._items import Job, compressors
+from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._tasks import cluster_client, local_pool
@@ -378,25 +378,18 @@ def _convert(
     own = dataclasses.replace(source, items=packs.own)
     if root is None:  # finished earlier from the same source and options
         if verify:
-            found = verify_packed(job, packs, workers, progress, client, pool)
-            verify_all(job, own, workers, progress, client, pool, found)
+            verify_store(job, own, packs, workers, progress, client, pool)
         report = _report(source, dst, storage_options, t0, 0, total_src)
         report.verified, report.sources, report.packed = verify, files, packs.items
         return report
-    todo, tally, all_now = write_missing(
-        job, own, workers, progress, "convert", client, fresh=fresh, pool=pool
+    todo, tally, all_now = write_all(
+        job, own, packs, workers, progress, "convert", client, fresh=fresh, pool=pool
     )
-    packed, packed_tally = write_packed(
-        job, packs, workers, progress, "convert", client, fresh=fresh, pool=pool
-    )
-    todo += packed
-    tally.add(packed_tally)
     nbytes = tally.stored_bytes if all_now else store_bytes(dst, storage_options)
     arrays = with_tally(with_dtypes(source), tally)
     manifest, table = _manifest(source, arrays, job, fingerprint, nbytes, packs)
     if verify:
-        found = verify_packed(job, packs, workers, progress, client, pool)
-        verify_all(job, own, workers, progress, client, pool, found)
+        verify_store(job, own, packs, workers, progress, client, pool)
     publish(dst, storage_options, manifest.header(), table)
     report = _report(source, dst, storage_options, t0, len(todo), total_src, nbytes)
     report.packed = packs.items

@@ -23,6 +23,7 @@ from zstore.format.layout import (
     geometry,
     parse_array_meta,
     scale,
+    step_nbytes,
 )
 from zstore.format.manifest import (
     VERIFIED,
@@ -125,6 +126,7 @@ __all__ = [
     "scale",
     "shape_rows",
     "Span",
+    "step_nbytes",
     "strip_crc",
     "upgrade",
     "VERIFIED",

@@ -33,11 +33,17 @@ def hdf5_attrs(obj: Any) -> dict[str, Any]:
     """The attributes of an h5py group or dataset, as strict JSON values."""
     if not h5py.h5a.get_num_attrs(obj.id):  # most have none: skip building the view
         return {}
+    return _strict(obj.attrs.items(), obj.file)
+
+
+def _strict(values: Any, file: Any) -> dict[str, Any]:
+    """``(name, value)`` pairs as strict JSON values, non-finite floats listed under
+    :data:`NONFINITE_ATTR` (``file`` resolves references)."""
     out: dict[str, Any] = {}
     nonfinite = []
-    for key, value in obj.attrs.items():
+    for key, value in values:
         flag = [False]
-        out[key] = _value(value, obj.file, flag)
+        out[key] = _value(value, file, flag)
         if flag[0]:
             nonfinite.append(key)
     if nonfinite:
@@ -68,16 +74,7 @@ def hdf5_attrs_of(oid: Any, high: Callable[[], Any]) -> dict[str, Any]:
         if data.size:
             aid.read(data)
         values[aid.name.decode("utf-8", "surrogateescape")] = data[()] if data.ndim == 0 else data
-    out: dict[str, Any] = {}
-    nonfinite = []
-    for key, value in values.items():
-        flag = [False]
-        out[key] = _value(value, None, flag)  # numbers: no references to resolve
-        if flag[0]:
-            nonfinite.append(key)
-    if nonfinite:
-        out[NONFINITE_ATTR] = nonfinite
-    return out
+    return _strict(values.items(), None)  # numbers: no references to resolve
 
 
 def _value(value: Any, file: Any, flag: list[bool]) -> Any:

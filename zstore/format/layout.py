@@ -295,8 +295,16 @@ def chunk_length(
     """Time-axis chunk length: about ``chunk_seconds`` at ``rate``, longer where that
     would hold less than :data:`MIN_CHUNK_BYTES` (``sample_bytes``: bytes of one step
     along time, every other axis included), at most the length."""
-    want = max(int(round(rate * chunk_seconds)), -(-MIN_CHUNK_BYTES // max(1, sample_bytes)))
-    return max(1, min(want, max(1, length)))
+    return max(1, min(int(chunk_target(rate, chunk_seconds, sample_bytes)), max(1, length)))
+
+
+def chunk_target(rate: float, chunk_seconds: float, sample_bytes: Any) -> Any:
+    """The chunk length :func:`chunk_length` gives an array long enough: about
+    ``chunk_seconds`` at ``rate``, at least :data:`MIN_CHUNK_BYTES` (``sample_bytes``:
+    an int, or an array of them for many items at once)."""
+    return np.maximum(
+        int(round(rate * chunk_seconds)), -(-MIN_CHUNK_BYTES // np.maximum(1, sample_bytes))
+    )
 
 
 def shard_length(chunk: int, length: int) -> int:

@@ -43,10 +43,10 @@ def packed_geometry(
     """Chunk and shard shape of a packed array: chunks of ``chunk_seconds`` (at least
     :data:`PACKED_MIN_CHUNK_BYTES`), shards of ~``CHUNKS_PER_SHARD x chunk_seconds``
     for every array of a group alike."""
-    from zstore.format.layout import CHUNKS_PER_SHARD  # layout imports this module
+    from zstore.format.layout import CHUNKS_PER_SHARD, step_nbytes  # layout imports this module
 
     axis = time_axis % len(shape)
-    step = math.prod(n for a, n in enumerate(shape) if a != axis) * itemsize
+    step = step_nbytes(shape, axis, itemsize)
     chunk = max(1, int(round(rate * chunk_seconds)), -(-PACKED_MIN_CHUNK_BYTES // max(1, step)))
     per_shard = max(1, int(round(CHUNKS_PER_SHARD * chunk_seconds * rate / chunk)))
     chunks, shards = list(shape), list(shape)

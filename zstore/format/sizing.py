@@ -108,7 +108,7 @@ def stored_objects(manifest: Manifest) -> int:
     """The objects a format-2 store holds (files on a local path, objects on S3; not
     directories): the root's two and the item table's, each own item's group, arrays and
     shards, and each pack group's metadata, shards and batch records."""
-    from zstore.format.layout import CHUNKS_PER_SHARD, MIN_CHUNK_BYTES
+    from zstore.format.layout import CHUNKS_PER_SHARD, chunk_target
     from zstore.format.packs import packed_geometry
 
     if manifest.shapes is None:
@@ -138,14 +138,12 @@ def stored_objects(manifest: Manifest) -> int:
         axis = info.time_axis % rows.shape[1]
         length = rows[:, axis]
         step = np.delete(rows, axis, axis=1).prod(axis=1) * np.dtype(info.dtype).itemsize
-        want = np.maximum(
-            round(info.rate * manifest.chunk_seconds), -(-MIN_CHUNK_BYTES // np.maximum(step, 1))
+        # geometry()'s shards: one while the item is at most CHUNKS_PER_SHARD chunks of
+        # the target length (its chunk is clamped to the item), else that many per shard
+        per_shard = CHUNKS_PER_SHARD * np.maximum(
+            1, chunk_target(info.rate, manifest.chunk_seconds, step)
         )
-        chunk = np.maximum(1, np.minimum(want, np.maximum(1, length)))
-        shard = chunk * np.maximum(
-            1, np.minimum(CHUNKS_PER_SHARD, -(-np.maximum(1, length) // chunk))
-        )
-        total += int(np.where(length * step > 0, -(-length // shard), 0).sum())
+        total += int(np.where(length * step > 0, -(-length // per_shard), 0).sum())
     for group in manifest.packs:
         total += 1 + group.batches  # the group's zarr.json, its records
         for name, shape in group.shapes.items():

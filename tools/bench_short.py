@@ -101,13 +101,21 @@ print(time.perf_counter() - t)
 def zstore_convert(src: Path, dst: Path, codec: str) -> float:
     """Seconds of ``zstore.convert`` in a fresh process (its worker pool's start-up and
     the scan of the source included; the interpreter's imports not)."""
+    took = _timed("zstore", [sys.executable, "-c", CONVERT, str(src), str(dst), codec], dst)
+    if took is None:
+        raise RuntimeError("zstore convert failed (its output is above)")
+    return took
+
+
+def _timed(name: str, cmd: list[str], dst: Path) -> float | None:
+    """Run a writer's script into a fresh ``dst``: the seconds it prints last, or None
+    (with its error) when it fails."""
     shutil.rmtree(dst, ignore_errors=True)
-    out = subprocess.run(
-        [sys.executable, "-c", CONVERT, str(src), str(dst), codec],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    try:
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        print(f"{name} failed:", (getattr(e, "stderr", "") or "")[-2000:], file=sys.stderr)
+        return None
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -137,21 +145,9 @@ if __name__ == "__main__":
 
 
 def litdata_convert(src: Path, dst: Path, work: Path) -> float | None:
-    shutil.rmtree(dst, ignore_errors=True)
-    script = work / "litdata_write.py"
+    script = work / "litdata_write.py"  # optimize() spawns workers: a file, not -c
     script.write_text(LITDATA)
-    try:
-        out = subprocess.run(
-            [sys.executable, str(script), str(src), str(dst)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        print("litdata failed:", getattr(e, "stderr", "")[-2000:], file=sys.stderr)
-        return None
-    return float(out.stdout.strip().splitlines()[-1])
+    return _timed("litdata", [sys.executable, str(script), str(src), str(dst)], dst)
 
 
 STANDIN = {
@@ -207,19 +203,7 @@ print(time.perf_counter() - t)
 
 
 def mds_convert(src: Path, dst: Path) -> float | None:
-    shutil.rmtree(dst, ignore_errors=True)
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", MDS, str(src), str(dst)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        print("mds failed:", getattr(e, "stderr", "")[-2000:], file=sys.stderr)
-        return None
-    return float(out.stdout.strip().splitlines()[-1])
+    return _timed("mds", [sys.executable, "-c", MDS, str(src), str(dst)], dst)
 
 
 def s3_objects(store_src: Path, n: int) -> tuple[int, int]:

@@ -38,21 +38,7 @@ def float_h5(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def rounded_store(float_h5) -> Path:
     dst = float_h5.parent / "p.zarr"
-    proc = cli(
-        "convert",
-        str(float_h5),
-        str(dst),
-        "--rate",
-        "wav=16000",
-        "--precision",
-        "wav=100dB",
-        "--verify",
-        "--no-progress",
-        "--workers",
-        "2",
-        "--pack-seconds",
-        "0",
-    )  # fmt: skip  (per-item objects are tested; packed: test_packed.py)
+    proc = _verify(float_h5, dst, workers=2)
     assert proc.returncode == 0, proc.stderr
     (dst.parent / "report.txt").write_text(proc.stdout)
     return dst
@@ -205,22 +191,11 @@ def _tamper(dst: Path, float_h5: Path, item: str, values) -> None:
     arr[...] = values(source_arrays(float_h5)[item])
 
 
-def _verify(float_h5: Path, dst: Path, spec: str = "wav=100dB"):
-    return cli(
-        "convert",
-        str(float_h5),
-        str(dst),
-        "--rate",
-        "wav=16000",
-        "--precision",
-        spec,
-        "--verify",
-        "--no-progress",
-        "--workers",
-        "1",
-        "--pack-seconds",
-        "0",
-    )  # fmt: skip  (packed: test_packed.py)
+def _verify(float_h5: Path, dst: Path, spec: str = "wav=100dB", workers: int = 1):
+    """Convert (or rerun on) ``dst`` with ``--verify``, one group per item (the per-item
+    objects are what these tests look at; packed items: test_packed.py)."""
+    return cli("convert", str(float_h5), str(dst), "--rate", "wav=16000", "--precision", spec,
+               "--verify", "--no-progress", "--workers", str(workers), "--pack-seconds", "0")  # fmt: skip
 
 
 def test_verify_checks_values_within_the_stated_rounding(float_h5, tmp_path):

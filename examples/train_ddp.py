@@ -128,7 +128,9 @@ def main() -> None:
                             "wav_crc": zlib.crc32(batch["wav"][j].numpy().tobytes()),
                         }
                     )
-        totals = torch.tensor([windows, loss_sum, time.perf_counter() - t0], dtype=torch.float64)
+        totals = torch.tensor(  # on the backend's device: nccl reduces CUDA tensors only
+            [windows, loss_sum, time.perf_counter() - t0], dtype=torch.float64, device=device
+        )
         dist.all_reduce(totals[:2])
         if rank == 0:
             n, loss_total, seconds = totals.tolist()

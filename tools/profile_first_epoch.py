@@ -2,11 +2,13 @@
 
     python tools/profile_first_epoch.py          # ~460 MB of synthetic HDF5 under ./bench-data/first-epoch
 
-The speech store of issue #28 (32 items of 15-45 s, ~480 MB decoded), no SSD tier,
-local page-cached origin.  Part 1: ``WindowLoader(batch_size=16, shuffle=True)`` over
-``windows_per_item=4`` random 10 s windows, epochs 0 and 1, with no RAM tier and with a
-RAM tier of 1.0, 0.5 and 0.33x the decoded bytes, ``--reps`` interleaved repetitions
-(windows/s and time to the first batch).  Part 2: epoch 0 read window by window in this
+The speech store of issue #28 (32 items of 15-45 s, ~480 MB decoded).  Part 1:
+``WindowLoader(batch_size=16)`` over ``windows_per_item=4`` random 10 s windows, epochs
+0, 1 and 2 (windows/s and time to the first batch), ``--reps`` interleaved repetitions of:
+a local page-cached origin with no RAM tier and with one of 1.0, 0.5 and 0.33x the
+decoded bytes, in 1 and 4 ranks (spawned processes, ``DistributedSampler``); and cold
+NFS- and S3-like origins (``zstore.testing``'s latency model) with a RAM tier of the
+whole data and an SSD tier against no tiers, 1 and 4 ranks.  Part 2: epoch 0 read window by window in this
 thread under cProfile, with a RAM tier that holds the data and without one: the
 functions that take the time.  Writes the section "The first epoch" of
 docs/benchmarks.md and docs/benchmarks-first-epoch.json.
@@ -35,6 +37,7 @@ MARK_BEGIN = "<!-- first epoch: begin (tools/profile_first_epoch.py) -->"
 MARK_END = "<!-- first epoch: end -->"
 DECODED = 480e6
 BUDGETS = {"none": 0.0, "1.0": 1.0, "0.5": 0.5, "0.33": 0.33}
+EPOCHS = 3  # the fill ends in epoch 0 or 1; epoch 2 is what later epochs read at
 
 
 def prepare(work: Path) -> str:
@@ -53,36 +56,117 @@ def ram_dir() -> str:
     return "/dev/shm/zstore-first-epoch" if os.path.isdir("/dev/shm") else "/tmp/zstore-fe"
 
 
-def dataset(store: str, fraction: float) -> Any:
+def ssd_dir() -> str:
+    return "/tmp/zstore-first-epoch-ssd"
+
+
+def cache_config(fraction: float, ssd: bool = False) -> Any:
+    """A fresh RAM tier of ``fraction`` x the decoded bytes (and an SSD tier); False:
+    no tiers."""
     import zstore
 
     shutil.rmtree(ram_dir(), ignore_errors=True)
-    cache: Any = (
-        zstore.CacheConfig(ram_dir=ram_dir(), ram_bytes=int(DECODED * fraction))
-        if fraction
-        else False
+    shutil.rmtree(ssd_dir(), ignore_errors=True)
+    if not fraction:
+        return False
+    return zstore.CacheConfig(
+        ram_dir=ram_dir(),
+        ram_bytes=int(DECODED * fraction),
+        ssd_dir=ssd_dir() if ssd else None,
+        ssd_bytes=int(2 * DECODED),
     )
-    return zstore.WindowDataset(store, window_seconds=10.0, windows_per_item=4, cache=cache)
 
 
-def epochs(store: str, fraction: float) -> list[tuple[float, float]]:
-    """(windows/s, seconds to the first batch) of epochs 0 and 1."""
+def dataset(store: str, cache: Any, origin: dict[str, float] | None = None) -> Any:
     import zstore
+    from zstore.testing import ModelledFileSystem
 
-    loader = zstore.WindowLoader(dataset(store, fraction), batch_size=16, shuffle=True)
+    fs = (
+        ModelledFileSystem(latency=origin["latency"], bandwidth=origin["bandwidth"])
+        if origin
+        else None
+    )
+    return zstore.WindowDataset(
+        store, window_seconds=10.0, windows_per_item=4, cache=cache, origin_fs=fs
+    )
+
+
+def timed_epochs(loader: Any, barrier: Any = None) -> list[tuple[float, float, int]]:
+    """(seconds, seconds to the first batch, windows) of epochs 0, 1 and 2."""
     out = []
-    for epoch in range(2):
+    for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
+        if barrier is not None:
+            barrier.wait()
         t0, n, first = time.perf_counter(), 0, 0.0
         for batch in loader:
             n += batch["wav"].shape[0]
             first = first or time.perf_counter() - t0
-        out.append((n / (time.perf_counter() - t0), first))
+        out.append((time.perf_counter() - t0, first, n))
     return out
 
 
+def rank_main(
+    store: str, cache: Any, origin: Any, r: int, ranks: int, barrier: Any, queue: Any
+) -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    import zstore
+
+    ds = dataset(store, cache, origin)
+    sampler: Any = DistributedSampler(ds, num_replicas=ranks, rank=r, shuffle=True, seed=0)
+
+    class Epochs:  # the loader's set_epoch moves the sampler too
+        def __init__(self) -> None:
+            self.loader = zstore.WindowLoader(ds, batch_size=16, sampler=sampler)
+
+        def set_epoch(self, epoch: int) -> None:
+            sampler.set_epoch(epoch)
+            self.loader.set_epoch(epoch)
+
+        def __iter__(self) -> Any:
+            return iter(self.loader)
+
+    queue.put(timed_epochs(Epochs(), barrier))
+
+
+def epochs(
+    store: str, fraction: float, ranks: int = 1, origin: dict[str, float] | None = None
+) -> list[tuple[float, float]]:
+    """(windows/s for the node, seconds to the first batch) of each epoch, over
+    ``ranks`` processes (1: in this one) on one fresh node cache (an SSD tier too when
+    the origin is modelled)."""
+    import multiprocessing as mp
+
+    import zstore
+
+    cache = cache_config(fraction, ssd=origin is not None)
+    if ranks == 1 and origin is None:
+        loader = zstore.WindowLoader(dataset(store, cache), batch_size=16, shuffle=True)
+        got = [timed_epochs(loader)]
+    else:
+        ctx = mp.get_context("spawn")
+        barrier, queue = ctx.Barrier(ranks), ctx.Queue()
+        procs = [
+            ctx.Process(target=rank_main, args=(store, cache, origin, r, ranks, barrier, queue))
+            for r in range(ranks)
+        ]
+        for p in procs:
+            p.start()
+        got = [queue.get(timeout=1800) for _ in procs]
+        for p in procs:
+            p.join(600)
+    return [
+        (
+            sum(g[e][2] for g in got) / max(g[e][0] for g in got),
+            max(g[e][1] for g in got),
+        )
+        for e in range(EPOCHS)
+    ]
+
+
 def profile(store: str, fraction: float, top: int = 10) -> dict[str, Any]:
-    ds = dataset(store, fraction)
+    ds = dataset(store, cache_config(fraction))
     order = np.random.default_rng(0).permutation(len(ds))
     ds.reader.open()
     prof = cProfile.Profile()
@@ -100,6 +184,19 @@ def profile(store: str, fraction: float, top: int = 10) -> dict[str, Any]:
     return {"seconds": seconds, "windows": len(order), "top": rows}
 
 
+NFS = {"latency": 0.001, "bandwidth": 1e9}  # as in tools/bench.py
+S3 = {"latency": 0.020, "bandwidth": 100e6}
+#: section -> (label, RAM fraction, ranks, modelled origin); "none" is each one's reference
+SECTIONS: dict[str, list[tuple[str, float, int, dict[str, float] | None]]] = {
+    "local, 1 rank": [(k, f, 1, None) for k, f in BUDGETS.items()],
+    "local, 4 ranks": [(k, f, 4, None) for k, f in BUDGETS.items()],
+    "NFS-like cold, 1 rank": [("none", 0.0, 1, NFS), ("RAM 1.0 + SSD", 1.0, 1, NFS)],
+    "NFS-like cold, 4 ranks": [("none", 0.0, 4, NFS), ("RAM 1.0 + SSD", 1.0, 4, NFS)],
+    "S3-like cold, 1 rank": [("none", 0.0, 1, S3), ("RAM 1.0 + SSD", 1.0, 1, S3)],
+    "S3-like cold, 4 ranks": [("none", 0.0, 4, S3), ("RAM 1.0 + SSD", 1.0, 4, S3)],
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -109,40 +206,57 @@ def main() -> None:
     p.add_argument("--docs", default="docs")
     args = p.parse_args()
     store = prepare(Path(args.work))
-    runs: dict[str, list[list[tuple[float, float]]]] = {k: [] for k in BUDGETS}
-    for _ in range(args.reps):
-        for label, fraction in BUDGETS.items():
-            runs[label].append(epochs(store, fraction))
-            print(label, runs[label][-1], flush=True)
+    runs: dict[str, dict[str, list[list[tuple[float, float]]]]] = {
+        sec: {label: [] for label, *_ in configs} for sec, configs in SECTIONS.items()
+    }
+    for _ in range(args.reps):  # interleaved: every configuration once per repetition
+        for sec, configs in SECTIONS.items():
+            for label, fraction, ranks, origin in configs:
+                runs[sec][label].append(epochs(store, fraction, ranks, origin))
+                print(sec, label, runs[sec][label][-1], flush=True)
     profiles = {"RAM tier 1.0x": profile(store, 1.0), "no RAM tier": profile(store, 0.0)}
-    shutil.rmtree(ram_dir(), ignore_errors=True)
+    cache_config(0.0)  # removes the tiers
     med = {
-        k: [statistics.median(r[e][0] for r in v) for e in range(2)]
-        + [statistics.median(r[0][1] for r in v)]
-        for k, v in runs.items()
+        sec: {
+            k: [statistics.median(r[e][0] for r in v) for e in range(EPOCHS)]
+            + [statistics.median(r[0][1] for r in v)]
+            for k, v in by.items()
+        }
+        for sec, by in runs.items()
     }
     lines = [
         MARK_BEGIN,
         "",
         "## The first epoch (tools/profile_first_epoch.py)",
         "",
-        "One process, 32 items of 15-45 s (~480 MB decoded), no SSD tier, local "
-        "page-cached origin; `WindowLoader(batch_size=16, shuffle=True)`, 4 random 10 s "
-        f"windows per item (128 per epoch). Medians of {args.reps} interleaved repetitions.",
-        "",
-        "| RAM tier (x decoded) | epoch 0 windows/s | vs none | epoch 1 windows/s | "
-        "first batch, ms | vs none |",
-        "|---|---|---|---|---|---|",
+        "32 items of 15-45 s (~480 MB decoded); `WindowLoader(batch_size=16)`, 4 random "
+        "10 s windows per item (128 per epoch), shuffled (ranks: `DistributedSampler`, "
+        "spawned processes on one fresh node cache, windows/s for the node, the slowest "
+        "rank's first batch). Local: page-cached origin, RAM tier only. Cold: the "
+        "latency-modelled origin (`zstore.testing`; NFS-like 1 ms, 1 GB/s; S3-like 20 ms, "
+        "100 MB/s per request) with a RAM tier of the whole data and an SSD tier, against "
+        f"no tiers. Medians of {args.reps} interleaved repetitions.",
     ]
-    none = med["none"]
-    for k, (e0, e1, first) in med.items():
-        lines.append(
-            f"| {k} | {e0:,.0f} | {e0 / none[0]:.2f}x | {e1:,.0f} | {first * 1e3:.0f} | "
-            f"{first / none[2]:.2f}x |"
-        )
+    for sec, by in med.items():
+        none = by["none"]
+        lines += [
+            "",
+            f"### {sec}",
+            "",
+            "| tiers | epoch 0 windows/s | vs none | epoch 1 | epoch 2 | vs none | "
+            "first batch, ms | vs none |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for k, (e0, e1, e2, first) in by.items():
+            lines.append(
+                f"| {k} | {e0:,.0f} | {e0 / none[0]:.2f}x | {e1:,.0f} | {e2:,.0f} | "
+                f"{e2 / none[2]:.2f}x | {first * 1e3:.0f} | {first / none[3]:.2f}x |"
+            )
     lines += [
         "",
-        "Epoch 0 read window by window under cProfile (seconds spent in each function itself, top 10):",
+        "Epoch 0 read window by window in one thread under cProfile (seconds spent in each "
+        "function itself, top 10; with a RAM tier the fills run in the background thread, "
+        "which this does not see):",
         "",
     ]
     for name, prof in profiles.items():

@@ -196,7 +196,9 @@ def test_corrupt_shards_in_ram_are_dropped_and_rebuilt(small_store, tmp_path, ra
     )
     item = sorted(root.group_keys())[2]
     spans = {"wav": Span(8000, 40000), "act": Span(50, 250)}
-    WindowReader(small_store, cache=cfg).read(item, spans)
+    first = WindowReader(small_store, cache=cfg)
+    first.read(item, spans)
+    assert first.settle(timeout=120)  # its shards, filled behind the read, are in
     flipped = 0
     for dirpath, _, files in os.walk(tmp_path / "ram"):
         for name in files:
@@ -226,7 +228,8 @@ def test_encoded_ram_hits_are_one_lookup_per_shard_per_process(small_store, tmp_
     item = sorted(root.group_keys())[4]
     reader = WindowReader(small_store, cache=cfg)
     spans = {"wav": Span(16000, 64000), "act": Span(100, 400)}
-    reader.read(item, spans)  # builds the encoded shards
+    reader.read(item, spans)  # fills the encoded shards behind the read
+    assert reader.settle(timeout=120)
     reader.read(item, spans)  # maps them
     before = zstore.cache_stats(cfg)
     for _ in range(5):
@@ -254,10 +257,11 @@ def full_decoded_tier(store, tmp_path):
     )
     reader = WindowReader(store, cache=cfg)
     items = sorted(root.group_keys())
-    for item in items[:-1]:  # inline builds while there is room
+    for item in items[:-1]:  # fills behind the reads while there is room
         got = reader.read(item, SPANS)
         np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, :16000])
         np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, :100])
+        assert reader.settle(timeout=120)
     return root, cfg, reader, items
 
 
@@ -272,9 +276,10 @@ def test_a_shard_that_displaces_others_is_built_behind_the_reads(
     submitted: list[str] = []
     real_submit = BehindBuilds.submit
 
-    def submit(self, key, build):
-        submitted.append(key)
-        return real_submit(self, key, build)
+    def submit(self, key, build, nbytes=0):
+        if isinstance(key, str):  # a displacing build (fills hand over a list of keys)
+            submitted.append(key)
+        return real_submit(self, key, build, nbytes)
 
     monkeypatch.setattr(BehindBuilds, "submit", submit)
     root, cfg, reader, items = full_decoded_tier(small_store, tmp_path)

@@ -163,15 +163,18 @@ def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch, m
     reader.open()
     fs.reset_counts()
     first = reader.read("utt000004", {"wav": Span(0, 16000 * 2)})["wav"]
+    assert reader.settle(timeout=120)  # the shard's build behind the first read is done
     second = reader.read("utt000004", {"wav": Span(16000 * 2, plain.shape[1])})["wav"]
     np.testing.assert_array_equal(np.concatenate([first, second], axis=1), plain[...])
     n_chunks = -(-plain.shape[1] // 16000)
+    shard = os.path.getsize(f"{small_store}/utt000004/wav/c/0/0")
     if fetch == "shard":
         assert fs.requests == 1  # the whole shard once; every chunk then from the tiers
-        assert fs.bytes == os.path.getsize(f"{small_store}/utt000004/wav/c/0/0")
-    else:  # the index, then the shard's chunks (the decoded RAM tier builds the whole
-        # shard on first touch) as one merged range instead of one request per chunk
-        assert n_chunks > 2 and fs.requests == 1 + 1
+        assert fs.bytes == shard
+    else:  # the index, the window's chunks, then (behind the read, to build the decoded
+        # shard) its other chunks, each as one merged range: every byte once
+        assert n_chunks > 2 and fs.requests == 1 + 2
+        assert fs.bytes == shard
 
 
 def test_coalesce_merges_adjacent_ranges_up_to_the_limit():
@@ -244,8 +247,12 @@ def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path, monkey
     wav, act = root["utt000005/wav"], root["utt000005/act"]
     fs.reset_counts()
     got = reader.read("utt000005", {"wav": Span(16000, 48000), "act": Span(100, 300)})
-    # both indexes, then all the chunks of each shard as one merged range per shard
-    assert fs.requests == 2 + 2
+    assert reader.settle(timeout=120)  # the builds handed to the thread behind the read
+    # both indexes, the window's chunks (one merged range per shard), then behind the
+    # read the shards' other chunks: every byte of both shards once
+    shards = [f"{small_store}/utt000005/{n}/c/0/0" for n in ("wav", "act")]
+    assert fs.bytes == sum(os.path.getsize(p) for p in shards)
+    assert 2 + 2 <= fs.requests <= 2 + 2 + 2
     assert fs.max_in_flight >= 2
     np.testing.assert_array_equal(got["wav"], wav[:, 16000:48000])
     other = WindowReader(small_store, cache=cfg, origin_fs=fs).open()  # as another process
@@ -268,7 +275,9 @@ def test_corrupt_decoded_shards_are_dropped_and_rebuilt(small_store, tmp_path):
     root = zarr.open_group(small_store, mode="r")
     item = "utt000001"
     wav = root[f"{item}/wav"]
-    WindowReader(small_store, cache=cfg).read(item, {"wav": Span(0, wav.shape[1])})
+    first = WindowReader(small_store, cache=cfg)
+    first.read(item, {"wav": Span(0, wav.shape[1])})
+    assert first.settle(timeout=120)  # its shard, filled behind the read, is in
     shards = [f for f in (tmp_path / "ram").rglob("*.val") if f.stat().st_size > 100_000]
     assert shards
     for f in shards:
@@ -317,6 +326,7 @@ def test_maps_of_shards_evicted_elsewhere_are_dropped(small_store, tmp_path):
     a, b = WindowReader(small_store, cache=cfg), WindowReader(small_store, cache=cfg)
     for _ in range(2):  # the second read maps what the first built
         a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
+        assert a.settle(timeout=120)
     assert {mapped_path(k) for k in a.values.maps} == {f"{items[0]}/act", f"{items[0]}/wav"}
     fill_past_budget(b, items[1:])
     assert zstore.cache_stats(cfg)["ram"]["evictions"] > 0
@@ -333,8 +343,9 @@ def test_an_idle_process_unmaps_shards_evicted_elsewhere(small_store, tmp_path):
     cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="3MB", ssd_dir=None)
     items = sorted(zarr.open_group(small_store, mode="r").group_keys())
     a, b = WindowReader(small_store, cache=cfg), WindowReader(small_store, cache=cfg)
-    for _ in range(2):
+    for _ in range(2):  # the second read maps what the first built
         a.read(items[0], {"act": Span(0, 100), "wav": Span(0, 16000)})
+        assert a.settle(timeout=120)
     mapped = set(a.values.maps)
     assert mapped
     fill_past_budget(b, items[1:])

@@ -54,6 +54,7 @@ def test_s3_windows_equal_the_local_store(s3, s3_store, small_store, tmp_path):
         assert a["wav"].numpy().tobytes() == b["wav"].numpy().tobytes()
         assert a["act"].numpy().tobytes() == b["act"].numpy().tobytes()
     assert counter.chunk_gets() > before
+    assert remote.settle(timeout=120)  # the shards filled behind the reads are in
 
     # A second process reading the same windows through the same cache: no chunk GETs.
     before = counter.chunk_gets()

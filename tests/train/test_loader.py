@@ -133,6 +133,8 @@ def test_break_stops_the_threads(small_store, cache):
     next(it)
     del it  # what a `break` out of a for loop leaves behind
     gc.collect()
+    # the loader's threads are gone; the dataset's fill thread ends once its queue drains
+    assert loader.dataset.settle(timeout=120)
     assert not [
         t for t in threading.enumerate() if t.name.startswith("zstore-") and "unmap" not in t.name
     ]

@@ -34,6 +34,17 @@ class StripedLocks:
     @contextlib.contextmanager
     def hold(self, keys: Iterable[str]) -> Iterator[None]:
         """Hold the locks of ``keys`` (best effort: without a lock directory, no locking)."""
+        fds = self.acquire(keys)
+        assert fds is not None
+        try:
+            yield
+        finally:
+            self.release(fds)
+
+    def acquire(self, keys: Iterable[str], *, wait: bool = True) -> list[int] | None:
+        """Take the locks of ``keys``; the descriptors to :meth:`release` (from any thread
+        of this process: a build behind the reads releases what its reader took).  With
+        ``wait=False``, None at once when another holder has one of them."""
         fds: list[int] = []
         try:
             for stripe in self._stripes(keys):
@@ -46,9 +57,22 @@ class StripedLocks:
                     )
                 except OSError:
                     continue  # a lock is an optimisation; correctness never depends on it
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    os.close(fd)
+                    self.release(fds)
+                    return None
+                except BaseException:
+                    os.close(fd)
+                    raise
                 fds.append(fd)
-            yield
-        finally:
-            for fd in fds:
-                os.close(fd)
+        except BaseException:
+            self.release(fds)
+            raise
+        return fds
+
+    @staticmethod
+    def release(fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)

@@ -54,6 +54,8 @@ def warm(
         reader = getattr(local, "reader", None)
         if reader is None:  # one reader per thread: its maps are not thread-safe
             reader = local.reader = pickle.loads(pickle.dumps(first)).open()
+            if reader.form is not None:  # warming waits for its builds
+                reader.form.inline = True
         position = positions[item]
         spans = {
             n: Span(0, reader.placed(item, n, position)[2])

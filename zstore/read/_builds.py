@@ -1,69 +1,137 @@
-"""Shard builds that run behind the reads: a window whose shard admission lets into a
-full RAM tier is read from its chunks at once, and the shard is decoded into the tier
-by one background thread of this process.
+"""Shard builds that run behind the reads, in one background thread per process.
 
-Building a decoded 64 s shard costs ~20-30 ms (decode and write every chunk), ~10
-windows' worth of reading.  Inline, every shard that displaces a resident one stalled
-the read that admitted it; measured with one process at half the decoded bytes in RAM,
-the epoch after the first spent 58-79 ms of its ~280 ms in three such builds, and read
-fewer windows/s than with no RAM tier at all.  Behind the reads, a build runs on a core
-the reading process leaves idle, or (all cores busy) costs what it cost before.
+Two kinds of build go there:
+
+- **Fills** (the tier has room, as in the first epoch): the read that first touches a
+  shard fetches its window's chunks under the node's lock for the shard, serves the
+  window from them at once, and hands the lock and those chunks' bytes to this thread,
+  which fetches the shard's other chunks, builds it into the tier and releases the lock.
+  Inline, the first epoch with a RAM tier read at 0.3-0.4x of no tier and its first
+  batch took ~6x as long: page faults of fresh shard memory, tmpfs writes, checksums and
+  decoding every chunk of every shard touched, all in front of the reads
+  (docs/benchmarks-notes.md, "Where the first epoch goes").
+- **Displacing builds** (the tier is full and admission lets a shard in): the window is
+  read from its chunks, and the shard is built here from all its chunks.  Building a
+  decoded 64 s shard costs ~20-30 ms (decode and write every chunk), ~10 windows' worth
+  of reading; inline, the epoch after the first spent 58-79 ms of its ~280 ms in three
+  such builds (one process, half the decoded bytes in RAM).
+
+A build runs on a core the reading process leaves idle, or (all cores busy) costs what
+it cost before.  The queue is bounded in shards and in bytes handed over; past that a
+shard is read from its chunks and asked for again on its next read, so the fill never
+waits in front of a read.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import collections
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("zstore")
 
-MAX_PENDING = 2  # builds queued or running; past that a shard waits for its next read
+#: Shards queued or building; past that a shard's windows are read from its chunks and
+#: the shard waits for its next read.  One build runs at a time.
+MAX_PENDING = 48
+#: Encoded bytes of the windows' chunks that queued fills hold (a few batches' worth).
+MAX_PENDING_BYTES = 64 * 2**20
 
 
 class BehindBuilds:
     """One background thread that runs builds, each key at most once at a time."""
 
-    def __init__(self, name: str = "zstore-build"):
+    def __init__(self, name: str = "zstore-build", on_idle: Callable[[], None] | None = None):
         self.name = name
+        #: run in the builder thread each time the queue drains (drop its scratch memory)
+        self.on_idle = on_idle
         self.pending: set[str] = set()
+        self.pending_bytes = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self._jobs: collections.deque[tuple[list[str], Any, int]] = collections.deque()
+        self._thread: threading.Thread | None = None  # exits when the queue drains
+        self._last: threading.Thread | None = None
 
     def __contains__(self, key: str) -> bool:
         return key in self.pending
 
-    def submit(self, key: str, build: Callable[[], None]) -> bool:
-        """Queue ``build`` for ``key``; False when it is already pending or the queue is
-        full (the caller reads around the shard; a later read asks again)."""
+    def has_room(self, n: int = 1, nbytes: int = 0) -> bool:
+        """Whether ``n`` more keys holding ``nbytes`` can be queued now."""
         with self._lock:
-            if key in self.pending or len(self.pending) >= MAX_PENDING:
+            return self._room(n, nbytes)
+
+    def _room(self, n: int, nbytes: int) -> bool:
+        return len(self.pending) + n <= MAX_PENDING and (
+            nbytes == 0 or not self.pending or self.pending_bytes + nbytes <= MAX_PENDING_BYTES
+        )
+
+    def submit(
+        self, key: str | list[str], build: Callable[[Callable[[str], None]], None], nbytes: int = 0
+    ) -> bool:
+        """Queue ``build`` for ``key`` (or several keys, built by one job), holding
+        ``nbytes``; False when one is already pending or the queue is full (the caller
+        reads around the shard; a later read asks again).  ``build`` is called with a
+        function that marks one of its keys done (else all are, when it returns)."""
+        keys = [key] if isinstance(key, str) else list(key)
+        with self._lock:
+            if any(k in self.pending for k in keys) or not self._room(len(keys), nbytes):
                 return False
-            self.pending.add(key)
-            if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=self.name)
-        self._pool.submit(self._run, key, build)
+            self.pending.update(keys)
+            self.pending_bytes += nbytes
+            self._jobs.append((keys, build, nbytes))
+            if self._thread is None:  # daemon: a build never keeps the interpreter up
+                self._thread = self._last = threading.Thread(
+                    target=self._drain, name=self.name, daemon=True
+                )
+                self._thread.start()
         return True
 
-    def _run(self, key: str, build: Callable[[], None]) -> None:
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._thread = None
+                    self._idle.notify_all()
+                    return
+                keys, build, nbytes = self._jobs.popleft()
+            self._run(keys, build, nbytes)
+
+    def _done(self, key: str) -> None:
+        with self._lock:
+            self.pending.discard(key)
+
+    def _run(
+        self, keys: list[str], build: Callable[[Callable[[str], None]], None], nbytes: int
+    ) -> None:
         try:
-            build()
+            build(self._done)
         except Exception as e:  # the shard stays out; reads of it go to its chunks
             log.warning(
                 "zstore: building %s in the RAM tier failed (%s: %s); its windows "
                 "are read from the chunks",
-                key,
+                ", ".join(keys),
                 type(e).__name__,
                 e,
             )
         finally:
             with self._lock:
-                self.pending.discard(key)
+                self.pending.difference_update(keys)
+                self.pending_bytes -= nbytes
+                idle = not self.pending
+            if idle and self.on_idle is not None:
+                self.on_idle()
+            with self._lock:
                 self._idle.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until no build is pending; False if ``timeout`` passed first."""
+        """Wait until no build is pending and the thread has ended; False if
+        ``timeout`` passed first."""
         with self._lock:
-            return self._idle.wait_for(lambda: not self.pending, timeout)
+            done = self._idle.wait_for(lambda: not self.pending and self._thread is None, timeout)
+            last = self._last
+        if done and last is not None and last is not threading.current_thread():
+            last.join(timeout)
+            return not last.is_alive()
+        return done

@@ -50,6 +50,17 @@ class ChunkSource:
     def _missing(self, obj: str, what: str) -> MissingDataError:
         return missing_error(self.url, obj, what)
 
+    def known_indexes(self, objs: list[str]) -> dict[str, np.ndarray]:
+        """The shard indexes of ``objs`` this source already holds."""
+        return {obj: self._indexes[obj] for obj in objs if obj in self._indexes}
+
+    def remember_indexes(self, indexes: dict[str, np.ndarray]) -> None:
+        """Hold ``indexes`` (another source's, e.g. the reader's for a fill behind it)."""
+        for obj, index in indexes.items():
+            self._indexes[obj] = index
+            if len(self._indexes) > MAX_INDEXES:
+                self._indexes.popitem(last=False)
+
     def index(self, shards: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
         """Shard indexes of the given (layout, shard) pairs, fetched together."""
         found: dict[str, np.ndarray] = {}

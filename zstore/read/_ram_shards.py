@@ -113,12 +113,19 @@ class ShardForm(abc.ABC):
     suffix = ""
     #: Shards that displace resident ones are built behind the reads (zstore.read._builds).
     later = False
+    #: Build shards in the read that first touches them, waiting for the node's lock
+    #: (``zstore cache warm``), instead of behind the reads.
+    inline = False
 
     def __init__(self, url: str, tiers: TieredCache, source: ChunkSource, values: MappedValues):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
         self.ram = values.tier
         self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
-        self.behind = BehindBuilds()
+        self.behind = BehindBuilds(on_idle=_drop_reused_scratch)
+        #: the builder thread's own chunk source: it fetches without the readers' lock
+        self.builder_source = ChunkSource(
+            source.url, source.origin, source.tiers, source.fetch, source.complete
+        )
 
     def key(self, layout: ArrayLayout, s: int) -> str:
         return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
@@ -167,8 +174,8 @@ class ShardForm(abc.ABC):
 
     def _where(self, layout: ArrayLayout, s: int, key: str) -> Mapped | str:
         """Where a call reads shard ``s`` from: this process's map of it, ``"build"``
-        (into the tier now), or ``"chunks"`` (its build, if admitted, queued behind the
-        reads)."""
+        (into the tier, under the node's lock: see :meth:`_build`), or ``"chunks"``
+        (a shard that displaces resident ones, its build queued behind the reads)."""
         got = self._mapped(layout, s, key)
         if got is not None:
             return got
@@ -177,29 +184,68 @@ class ShardForm(abc.ABC):
             if key in self.behind
             else self.ram.admits_as(key, self.nbytes(layout, s), blocked=True)
         )
-        if how == "room" or (how == "displace" and not self.later):
+        if how == "room" or (how == "displace" and (self.inline or not self.later)):
             return "build"
         if how == "displace":
             self.behind.submit(key, partial(self._build_behind, layout, s, key))
         return "chunks"
 
     def _build(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
-        """Build missing shards into the RAM tier, once for the node (under its lock)."""
+        """Build missing shards into the RAM tier, once for the node (under its lock).
+
+        Behind the reads (the default; see :mod:`zstore.read._builds`): the windows are
+        served from their own chunks, fetched now, and the rest of each build (the
+        shard's other chunks, decoding, writing the tier) goes to the thread behind the
+        reads with the node's lock, released there once the shard is in: the origin is
+        read once per chunk for the node.  A shard whose lock another process (or this
+        one's builder) holds, or that finds the queue full, is read from its chunks and
+        asked for again on its next read.  ``inline`` (``zstore cache warm``): built
+        here, waiting for the node's lock."""
+        if self.inline:
+            return self._build_inline(missing)
+        pieces: Pieces = {}
+        around: Plan = []
+        todo: list[tuple[ArrayLayout, int, Span, str]] = []
+        locks: dict[str, list[int]] = {}
+        decode_locks = self.tiers.decode_locks
+        assert decode_locks is not None  # a RAM tier has them
+        try:
+            for layout, s, span in missing:
+                key = self.key(layout, s)
+                held = (
+                    decode_locks.acquire([key], wait=False)
+                    if self.behind.has_room(len(todo) + 1)
+                    else None
+                )
+                if held is None:
+                    around.append(("", layout, span))
+                    continue
+                found = self._built_meanwhile(layout, s, span, key)
+                if found is not None:
+                    decode_locks.release(held)
+                    pieces.update(found)
+                    continue
+                todo.append((layout, s, span, key))
+                locks[key] = held
+            if around:
+                pieces.update(chunk_pieces(self.source, around, ram=False))
+            if todo:
+                pieces.update(self._hand_off(todo, locks))
+        finally:
+            for held in locks.values():  # what no build took over
+                decode_locks.release(held)
+        self.values.drop_evicted()
+        return pieces
+
+    def _build_inline(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
+        """Build missing shards here, under the node's locks (other processes wait)."""
         keys = [self.key(layout, s) for layout, s, _ in missing]
         pieces: Pieces = {}
         with self.tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
             todo = []
             for (layout, s, span), key in zip(missing, keys):
-                got = self._mapped(layout, s, key, again=True)
-                # built meanwhile by another process: rare, so check it whole
-                found = (
-                    self.read(layout, s, got, span)
-                    if got is not None and got.checked.verify(0, len(got.checked.payload))
-                    else None
-                )
+                found = self._built_meanwhile(layout, s, span, key)
                 if found is None:
-                    if got is not None:
-                        self.values.discard(key)
                     todo.append((layout, s, span, key))
                 else:
                     pieces.update(found)
@@ -209,7 +255,90 @@ class ShardForm(abc.ABC):
         self.values.drop_evicted()  # including what this build evicted
         return pieces
 
-    def _build_behind(self, layout: ArrayLayout, s: int, key: str) -> None:
+    def _built_meanwhile(self, layout: ArrayLayout, s: int, span: Span, key: str) -> Pieces | None:
+        """The pieces of ``span`` when another process built shard ``s`` since it was
+        looked up (rare, so it is checked whole); None when it still has to be built."""
+        got = self._mapped(layout, s, key, again=True)
+        found = (
+            self.read(layout, s, got, span)
+            if got is not None and got.checked.verify(0, len(got.checked.payload))
+            else None
+        )
+        if found is None and got is not None:
+            self.values.discard(key)
+        return found
+
+    def _hand_off(
+        self, todo: list[tuple[ArrayLayout, int, Span, str]], locks: dict[str, list[int]]
+    ) -> Pieces:
+        """The windows' pieces from their own chunks, fetched now; each shard's build
+        queued behind the reads with those chunks' bytes and its node lock from
+        ``locks`` (taken out of it: the build releases them).  When the queue filled up
+        meanwhile, nothing is queued and the locks stay in ``locks``."""
+        window = [
+            (layout, k)
+            for layout, s, span, _ in todo
+            for k in layout.chunks_for(*_clip(layout, s, span))
+        ]
+        raw = self.source.raw(window, ram=False)
+        self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in window)
+        pieces: Pieces = {
+            (layout.path, -1 - k): (
+                k * layout.chunk,
+                Lazy(layout, partial(self.source.decode, layout, request, data)),
+            )
+            for (layout, k), (request, data) in zip(window, raw)
+        }
+        held = {key: locks[key] for *_, key in todo}
+        have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
+        # the shards' indexes the reader fetched: the fill does not fetch them again
+        indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
+        build = partial(self._finish_builds, todo, have, held, indexes)
+        nbytes = sum(len(data) for _, data in raw if data is not None)
+        if self.behind.submit([key for *_, key in todo], build, nbytes):
+            for key in held:
+                del locks[key]
+        return pieces
+
+    def _finish_builds(
+        self,
+        todo: list[tuple[ArrayLayout, int, Span, str]],
+        have: dict[tuple[str, int], tuple[Any, Any]],
+        locks: dict[str, list[int]],
+        indexes: dict[str, np.ndarray],
+        done: Callable[[str], None],
+    ) -> None:
+        """In the thread behind the reads: shard by shard, fetch its other chunks, build
+        it into the tier, release the node's lock its reader took, mark it ``done``."""
+        decode_locks = self.tiers.decode_locks
+        assert decode_locks is not None
+        _REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
+        self.builder_source.remember_indexes(indexes)
+        try:
+            for layout, s, _, key in todo:
+                need = self._shard_chunks(layout, s)
+                rest = [(la, k) for la, k in need if (la.path, k) not in have]
+                if rest:
+                    have.update(
+                        ((la.path, k), r)
+                        for (la, k), r in zip(rest, self.builder_source.raw(rest, ram=False))
+                    )
+                raw = [have.pop((la.path, k)) for la, k in need]
+                self.fill([(layout, s, Span(0, 0), key)], need, raw)
+                del raw
+                decode_locks.release(locks.pop(key))
+                done(key)
+        finally:
+            for held in locks.values():  # a build that failed: its shards stay out
+                decode_locks.release(held)
+            have.clear()
+        with self.values.lock:
+            self.values.drop_evicted()
+        release_free_memory()
+
+    def _build_behind(
+        self, layout: ArrayLayout, s: int, key: str, done: Callable[[str], None]
+    ) -> None:
         """Build one shard in the background thread.  The maps and the chunk source are
         used under the readers' lock; decoding and writing the shard happen outside it,
         under the node's build lock (never the readers' lock inside that one: a reader
@@ -218,7 +347,8 @@ class ShardForm(abc.ABC):
         with self.values.lock:
             if self._mapped(layout, s, key, again=True) is not None:
                 return
-            raw = self.source.raw(need, ram=False)
+        _REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
+        raw = self.builder_source.raw(need, ram=False)
         with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
             if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
                 self.fill([(layout, s, Span(0, 0), key)], need, raw)
@@ -436,6 +566,12 @@ class EncodedShards(ShardForm):
             return fresh
 
 
+def _clip(layout: ArrayLayout, s: int, span: Span) -> tuple[int, int]:
+    """``span``'s part in shard ``s`` as (start, stop)."""
+    part = in_shard(layout, s, span)
+    return part.start, max(part.start, part.stop)
+
+
 def shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:
     shape = list(layout.shape)
     shape[layout.time_axis] = min(layout.shard, layout.length - s * layout.shard)
@@ -462,10 +598,34 @@ def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     shared tier exists to save (measured, see docs/benchmarks.md).
     """
     count = int(np.prod(shape))
-    if count * dtype.itemsize < SCRATCH_MMAP:
+    nbytes = count * dtype.itemsize
+    if nbytes < SCRATCH_MMAP:
         return np.empty(shape, dtype=dtype)
-    buf = mmap.mmap(-1, count * dtype.itemsize)
+    if _REUSE.on:  # the builder thread: one mapping, kept while builds are queued
+        if _REUSE.buf is None or len(_REUSE.buf) < nbytes:
+            _REUSE.buf = None
+            _REUSE.buf = mmap.mmap(-1, nbytes)
+        buf = _REUSE.buf
+    else:
+        buf = mmap.mmap(-1, nbytes)
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+class _Reused(threading.local):
+    """The builder thread's scratch for decoded shards.  A fresh mapping per build
+    page-faulted its whole size in (measured: 0.38 s of a first epoch's 1.47 s went to
+    copying chunks into fresh scratch); one kept while builds are queued faults once,
+    and is unmapped when the queue drains (``_drop_reused_scratch``)."""
+
+    on = False
+    buf: mmap.mmap | None = None
+
+
+_REUSE = _Reused()
+
+
+def _drop_reused_scratch() -> None:
+    _REUSE.buf = None
 
 
 def release_free_memory() -> None:

@@ -270,9 +270,9 @@ class WindowReader:
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until the shards this process is building behind its reads are in the
-        RAM tier (a shard that displaces resident ones is built by a background thread
-        while its windows are read from the chunks; see ``zstore.read._builds``).  False if
-        ``timeout`` seconds passed first."""
+        RAM tier (a read that first touches a shard, or admits one that displaces
+        resident ones, is served from its chunks while a background thread builds the
+        shard; see ``zstore.read._builds``).  False if ``timeout`` seconds passed first."""
         if self._pid != os.getpid() or self.form is None:
             return True
         return self.form.behind.wait(timeout)

@@ -406,6 +406,13 @@ class WindowDataset(torch.utils.data.Dataset):
             return np.asarray(self._lengths[index.start : index.stop]).tolist()
         return np.asarray(self._lengths[index]).tolist()
 
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until the shards this process is filling into the RAM tier behind its
+        reads are in (a read never waits for them: it is served from its own chunks).
+        Useful before timing warm reads, or before another process is expected to find
+        them there; False if ``timeout`` seconds passed first."""
+        return self.reader.settle(timeout)
+
     def set_epoch(self, epoch: int) -> None:
         """Move to another draw of windows (call it before each epoch)."""
         self.epoch = _whole("epoch", epoch)

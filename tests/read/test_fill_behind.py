@@ -1,0 +1,92 @@
+"""The first touch of a shard fills the RAM tier behind the read: the window is served
+from its own chunks at once, the rest of the fill runs in the reader's background
+thread under the node's lock, and nothing waits for it (issue #28)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import zarr
+
+import zstore
+from zstore.format import Span
+from zstore.read import WindowReader
+from zstore.read._ram_shards import ShardForm
+from zstore.testing import ModelledFileSystem
+
+ITEM = "utt000002"
+SPANS = {"wav": Span(16000, 48000), "act": Span(100, 300)}
+
+
+@pytest.fixture
+def held_fills(monkeypatch):
+    """Fills behind the reads wait for ``release`` (set it to let them run)."""
+    started, release = threading.Event(), threading.Event()
+    real = ShardForm._finish_builds
+
+    def held(self, *args, **kwargs):
+        started.set()
+        assert release.wait(120)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ShardForm, "_finish_builds", held)
+    yield started, release
+    release.set()
+
+
+@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
+def test_a_first_read_is_served_before_its_shards_are_filled(
+    small_store, tmp_path, held_fills, ram_format
+):
+    started, release = held_fills
+    root = zarr.open_group(small_store, mode="r")
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format, ssd_dir=None
+    )
+    fs = ModelledFileSystem()
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    fs.reset_counts()  # what opening read: the manifest and the arrays' metadata
+
+    got = reader.read(ITEM, SPANS)  # returns while the fill is held
+    assert started.wait(120)
+    indexes = len(SPANS)
+    np.testing.assert_array_equal(got["wav"], root[f"{ITEM}/wav"][:, 16000:48000])
+    np.testing.assert_array_equal(got["act"], root[f"{ITEM}/act"][:, 100:300])
+    # no shard is in the tier yet (what it holds: the two shard indexes)
+    assert zstore.cache_stats(cfg)["ram"]["fills"] == indexes
+
+    # Another process reading the same window meanwhile does not wait for the node's
+    # lock the fill holds: it reads around the shards, from the chunks.
+    other = WindowReader(small_store, cache=cfg).read(ITEM, SPANS)
+    np.testing.assert_array_equal(other["wav"], got["wav"])
+    assert zstore.cache_stats(cfg)["ram"]["fills"] == indexes
+
+    release.set()
+    assert reader.settle(timeout=120)
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["fills"] == indexes + 2  # the wav and act shards, once
+    # the fill fetched the shards' other chunks: every byte of both shards, once
+    assert fs.bytes == sum(os.path.getsize(f"{small_store}/{ITEM}/{n}/c/0/0") for n in SPANS)
+    hits = stats["ram"]["hits"]
+    again = reader.read(ITEM, SPANS)  # now from the shards in the tier
+    np.testing.assert_array_equal(again["wav"], got["wav"])
+    assert zstore.cache_stats(cfg)["ram"]["hits"] > hits
+
+
+def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_path):
+    """``zstore cache warm`` waits for its fills: when it returns, every shard is in."""
+    from zstore.cli.warm import warm
+
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="256MB", ssd_dir=None)
+    warm(small_store, cache=cfg, workers=2, progress=False)
+    filled = zstore.cache_stats(cfg)["ram"]["fills"]
+    assert filled > 0
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg, seed=1)
+    for i in range(len(ds)):
+        ds[i]
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["fills"] == filled  # nothing left to fill
+    assert stats["ram"]["hits"] > 0

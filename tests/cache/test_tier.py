@@ -38,6 +38,32 @@ def test_get_put_and_miss(tmp_path):
     assert tier.get("a") == b"hello"
 
 
+def test_put_many_stores_in_one_transaction_and_a_refusal_keeps_the_others(tmp_path, monkeypatch):
+    from zstore.cache._space import Refused
+
+    tier = Tier("ram", str(tmp_path / "t"), 2**24, Stats(None))
+    first = values(3, 50_000)
+    assert tier.put_many(list(first.items())) == 3
+    assert all(tier.get(k) == v for k, v in first.items())
+
+    # Admission refuses "b" part-way through a transaction: it rolls back, the files it
+    # wrote are removed, and the others are stored one by one.
+    real = tier.room.make
+
+    def refuse_b(cache, sql, cleanup, need, key):
+        if key == "b":
+            raise Refused
+        return real(cache, sql, cleanup, need, key)
+
+    monkeypatch.setattr(tier.room, "make", refuse_b)
+    more = {k: os.urandom(50_000) for k in "abc"}
+    assert tier.put_many(list(more.items())) == 2
+    assert tier.get("a") == more["a"] and tier.get("c") == more["c"]
+    assert tier.get("b") is None
+    files = list((tmp_path / "t").rglob("*.val"))
+    assert len(files) == tier.usage()["entries"] == 5  # no file outlives its rollback
+
+
 def test_bytes_on_disk_stay_within_budget(tmp_path):
     budget = 3 * 2**20
     tier = Tier("ram", str(tmp_path / "t"), budget, Stats(str(tmp_path / "stats")))

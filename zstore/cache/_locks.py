@@ -25,6 +25,7 @@ class StripedLocks:
         self.directory = directory
         self.kind = kind
         self.stripes = stripes
+        self._ready = -1  # the pid that found the directory safe (checked once per process)
 
     def _stripes(self, keys: Iterable[str]) -> list[int]:
         # Sorted and unique: a fixed order prevents deadlock, and flock on two
@@ -49,12 +50,9 @@ class StripedLocks:
         try:
             for stripe in self._stripes(keys):
                 try:
-                    if make_dir(self.directory) is not None:
+                    if not self._safe():
                         continue  # not a safe place: no lock (see ownership)
-                    fd = open_file(
-                        os.path.join(self.directory, f"{self.kind}{stripe:04d}"),
-                        os.O_RDWR | os.O_CREAT,
-                    )
+                    fd = self._open(stripe)
                 except OSError:
                     continue  # a lock is an optimisation; correctness never depends on it
                 try:
@@ -71,6 +69,22 @@ class StripedLocks:
             self.release(fds)
             raise
         return fds
+
+    def _safe(self) -> bool:
+        if self._ready != os.getpid():
+            if make_dir(self.directory) is not None:
+                return False
+            self._ready = os.getpid()
+        return True
+
+    def _open(self, stripe: int) -> int:
+        """A new descriptor of the stripe's lock file (each acquire needs its own: flock
+        on one descriptor from two threads would not exclude them)."""
+        path = os.path.join(self.directory, f"{self.kind}{stripe:04d}")
+        try:
+            return os.open(path, os.O_RDWR)  # the common case: made by an earlier holder
+        except FileNotFoundError:
+            return open_file(path, os.O_RDWR | os.O_CREAT)
 
     @staticmethod
     def release(fds: list[int]) -> None:

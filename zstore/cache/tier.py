@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import diskcache
@@ -352,40 +353,73 @@ class Tier:
 
         ``blocked`` stores a crc32c per 128 KiB block, for values mapped and read in parts.
         """
+        return self.put_many([(key, payload)], blocked=blocked) == 1
+
+    def put_many(
+        self,
+        values: Sequence[tuple[str, bytes | memoryview | np.ndarray]],
+        *,
+        blocked: bool = False,
+    ) -> int:
+        """Store each (key, payload) of ``values`` as :meth:`put` does, in one index
+        transaction (a first epoch puts a shard index per shard it touches: one
+        transaction each was a tenth of its first batch); how many were stored.  When
+        admission refuses one, the others are stored one by one."""
         cache = self._open()
         if cache is None:
-            return False
-        if isinstance(payload, np.ndarray):
-            payload = np.ascontiguousarray(payload).data.cast("B")
-        if not self.fits(len(payload), blocked=blocked):
-            self.stats.add(f"{self.name}_bypassed")
-            return False
-        head = header(payload, blocked=blocked)
-        need = rounded(len(head) + len(payload))
+            return 0
+        todo: list[tuple[str, memoryview | bytes, bytes]] = []
+        for key, payload in values:
+            if isinstance(payload, np.ndarray):
+                payload = np.ascontiguousarray(payload).data.cast("B")
+            if not self.fits(len(payload), blocked=blocked):
+                self.stats.add(f"{self.name}_bypassed")
+                continue
+            todo.append((key, payload, header(payload, blocked=blocked)))
+        if not todo:
+            return 0
         disk: _Disk = cache.disk
         evicted: list[int] = []
+        written: list[str] = []
         try:
             with cache._transact(retry=True) as (sql, cleanup):
-                evicted = self.room.make(cache, sql, cleanup, need, key)
-                cache.set(key, Parts(head, payload), read=True, retry=True)
+                for key, payload, head in todo:
+                    need = rounded(len(head) + len(payload))
+                    evicted += self.room.make(cache, sql, cleanup, need, key)
+                    disk.last_path = None
+                    cache.set(key, Parts(head, payload), read=True, retry=True)
+                    if disk.last_path:
+                        written.append(disk.last_path)
+                    disk.last_path = None
             # Logged once committed and unlinked, not before: a reader whose snapshot
             # predates the commit may still open an evicted file until it is unlinked,
             # and it must see that file's inode in the log after it has mapped it.
             self.evictions.record(evicted)
         except Refused:  # admission keeps the resident values
+            self._unlink(written)
+            if len(todo) > 1:
+                return sum(self.put(key, payload, blocked=blocked) for key, payload, _ in todo)
             self.stats.add(f"{self.name}_rejected")
-            return False
+            return 0
         except Exception as e:  # full disk, deleted or read-only directory
-            if disk.last_path:
-                try:
-                    os.unlink(disk.last_path)
-                except OSError:
-                    pass
+            self._unlink(written + ([disk.last_path] if disk.last_path else []))
+            disk.last_path = None
             self._warn("write failed", e)
-            return False
-        self.stats.add(f"{self.name}_fills")
-        self.stats.add(f"{self.name}_fill_bytes", len(head) + len(payload))
-        return True
+            return 0
+        self.stats.add(f"{self.name}_fills", len(todo))
+        self.stats.add(
+            f"{self.name}_fill_bytes", sum(len(head) + len(payload) for _, payload, head in todo)
+        )
+        return len(todo)
+
+    @staticmethod
+    def _unlink(paths: list[str]) -> None:
+        """Remove value files a rolled-back transaction wrote."""
+        for path in paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def usage(self) -> dict[str, Any]:
         """Bytes the tier occupies on disk (values, index, WAL) and its entry count."""

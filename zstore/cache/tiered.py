@@ -155,11 +155,15 @@ class TieredCache:
         return values
 
     def fill(self, key: str, value: bytes | memoryview, *, ram: bool = True) -> None:
-        k = self.key(key)
+        self.fill_many([(key, value)], ram=ram)
+
+    def fill_many(self, values: list[tuple[str, bytes | memoryview]], *, ram: bool = True) -> None:
+        """Put each (key, value) in the tiers, one index transaction per tier."""
+        named = [(self.key(k), v) for k, v in values]
         if self.ssd is not None:
-            self.ssd.put(k, value)
+            self.ssd.put_many(named)
         if ram and self.ram is not None:
-            self.ram.put(k, value)
+            self.ram.put_many(named)
 
     def get(self, key: str, fetch: Callable[[], bytes], *, ram: bool = True) -> bytes:
         """The value for ``key`` from the first tier that has it, else from ``fetch()``."""
@@ -200,8 +204,9 @@ class TieredCache:
             fetched = fetch_many([keys[i] for i in missing])
             for i, value in zip(missing, fetched):
                 values[i] = value
-                if value is not None:
-                    self.fill(keys[i], value, ram=ram)
+            self.fill_many(
+                [(keys[i], v) for i, v in zip(missing, fetched) if v is not None], ram=ram
+            )
         return values
 
     def usage(self) -> dict[str, Any]:

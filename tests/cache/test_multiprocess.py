@@ -21,7 +21,7 @@ def run_ranks(url, cache, n, items, epochs=2):
 
 @pytest.mark.parametrize("ram_format,ram_bytes", [("decoded", "64MB"), ("encoded", "1MB")])
 def test_four_processes_share_one_cache(small_store, tmp_path, ram_format, ram_bytes):
-    """Decoded, every shard fits: the origin requests are exactly one process's.  Encoded,
+    """Decoded, every shard fits: the origin bytes are exactly one process's.  Encoded,
     a RAM tier smaller than the data (it must refuse or evict): each chunk still comes
     from the origin once for the node (the SSD tier holds the store)."""
     root = zarr.open_group(small_store, mode="r")
@@ -59,9 +59,9 @@ def test_four_processes_share_one_cache(small_store, tmp_path, ram_format, ram_b
     # Each chunk and shard index came from the origin once for the whole node: every
     # chunk fetched filled the SSD tier once (a chunk two ranks fetched would fill twice).
     assert stats["ssd"]["fills"] == stats["ssd"]["entries"] > 0
-    if ram_format == "decoded":  # all fits: exactly the requests of one process alone
+    if ram_format == "decoded":  # all fits: exactly the bytes of one process alone (the
+        # requests they take depend on when each shard's fill behind the reads ran)
         assert stats["origin"]["bytes"] == ref_stats["origin"]["bytes"]
-        assert stats["origin"]["requests"] == ref_stats["origin"]["requests"]
     else:  # which shards become resident depends on the order windows arrive in
         assert stats["ram"]["evictions"] + stats["ram"]["rejected"] > 0
     assert stats["ram"]["bytes_on_disk"] <= zstore.parse_size(ram_bytes)

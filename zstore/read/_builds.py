@@ -81,10 +81,11 @@ class BehindBuilds:
             self.pending.update(keys)
             self.pending_bytes += nbytes
             self._jobs.append((keys, build, nbytes))
-            if self._thread is None:  # daemon: a build never keeps the interpreter up
-                self._thread = self._last = threading.Thread(
-                    target=self._drain, name=self.name, daemon=True
-                )
+            if self._thread is None:
+                # Not a daemon: a process that exits finishes its queued fills (at most
+                # MAX_PENDING shards) instead of leaving a value file half written (its
+                # mode and bytes unfinished until a later sweep removes it).
+                self._thread = self._last = threading.Thread(target=self._drain, name=self.name)
                 self._thread.start()
         return True
 

@@ -90,38 +90,3 @@ def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] == filled  # nothing left to fill
     assert stats["ram"]["hits"] > 0
-
-
-def test_a_fill_keeps_the_shard_whole_in_the_ssd_tier_reading_each_byte_once(small_store, tmp_path):
-    """With ``fetch="shard"`` the first read does not fetch the shard whole in front of
-    the window: it reads the window's ranges, and the fill assembles the whole object
-    for the SSD tier from them and the ranges between them."""
-    root = zarr.open_group(small_store, mode="r")
-
-    def config(ram: str) -> zstore.CacheConfig:
-        return zstore.CacheConfig(
-            ram_dir=tmp_path / ram,
-            ram_bytes="64MB",
-            ssd_dir=tmp_path / "ssd",
-            ssd_bytes="256MB",
-            fetch="shard",
-        )
-
-    fs = ModelledFileSystem()
-    reader = WindowReader(small_store, cache=config("ram"), origin_fs=fs).open()
-    fs.reset_counts()
-    got = reader.read(ITEM, SPANS)
-    np.testing.assert_array_equal(got["wav"], root[f"{ITEM}/wav"][:, 16000:48000])
-    assert reader.settle(timeout=120)
-    assert fs.bytes == sum(os.path.getsize(f"{small_store}/{ITEM}/{n}/c/0/0") for n in SPANS)
-
-    # A process with a fresh RAM tier finds both shards whole in the SSD tier.
-    fresh = ModelledFileSystem()
-    other = WindowReader(small_store, cache=config("ram2"), origin_fs=fresh).open()
-    fresh.reset_counts()
-    whole = {n: Span(0, root[f"{ITEM}/{n}"].shape[1]) for n in SPANS}
-    out = other.read(ITEM, whole)
-    for n in SPANS:
-        np.testing.assert_array_equal(out[n], root[f"{ITEM}/{n}"][...])
-    assert fresh.requests == 0
-    assert other.settle(timeout=120)

@@ -10,7 +10,6 @@ RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import numpy as np
 
@@ -62,11 +61,8 @@ class ChunkSource:
             if len(self._indexes) > MAX_INDEXES:
                 self._indexes.popitem(last=False)
 
-    def index(
-        self, shards: list[tuple[ArrayLayout, int]], *, whole: bool = True
-    ) -> dict[str, np.ndarray]:
-        """Shard indexes of the given (layout, shard) pairs, fetched together (``whole``:
-        see :meth:`fetch_many`)."""
+    def index(self, shards: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
+        """Shard indexes of the given (layout, shard) pairs, fetched together."""
         found: dict[str, np.ndarray] = {}
         todo: dict[str, ArrayLayout] = {}
         for layout, shard in shards:
@@ -87,7 +83,7 @@ class ChunkSource:
             requests: list[Request] = [
                 (obj, -layout.index_bytes, None) for obj, layout in todo.items()
             ]
-            values = self.fetch_many(keys, requests, ram=True, layouts=todo, whole=whole)
+            values = self.fetch_many(keys, requests, ram=True, layouts=todo)
             for (obj, layout), data in zip(todo.items(), values):
                 if data is None and self.complete:
                     raise self._missing(obj, "shard")
@@ -101,21 +97,17 @@ class ChunkSource:
         return found
 
     def raw(
-        self, need: list[tuple[ArrayLayout, int]], *, ram: bool, fetch_whole: bool = True
+        self, need: list[tuple[ArrayLayout, int]], *, ram: bool
     ) -> list[tuple[Request | None, bytes | memoryview | None]]:
         """The encoded bytes of (layout, chunk number) pairs and the origin request each
-        came from; (None, None) for a chunk never written (stores of other writers).
-        ``fetch_whole=False``: with ``fetch="shard"``, a shard the SSD tier lacks is read by
-        ranges now and not fetched whole (a fill behind the read keeps it whole,
-        :meth:`keep_assembled`)."""
-        held = self._held(need, fetch=fetch_whole)
+        came from; (None, None) for a chunk never written (stores of other writers)."""
+        held = self._held(need)
         indexes = self.index(
             [
                 (layout, k // layout.chunks_per_shard)
                 for layout, k in need
                 if layout.sharded and layout.object_key(k // layout.chunks_per_shard) not in held
-            ],
-            whole=fetch_whole,
+            ]
         )
         keys: list[str] = []
         requests: list[Request] = []
@@ -145,11 +137,7 @@ class ChunkSource:
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
             slots.append(i)
-        values = (
-            self.fetch_many(keys, requests, ram=ram, layouts=layouts, whole=fetch_whole)
-            if keys
-            else []
-        )
+        values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
         for i, request, data in zip(slots, requests, values):
             out[i] = (request, data)
         if self.complete:
@@ -158,7 +146,7 @@ class ChunkSource:
                     raise self._missing(layout.object_key(k // layout.chunks_per_shard), "chunk")
         return out
 
-    def _held(self, need: list[tuple[ArrayLayout, int]], fetch: bool = True) -> dict[str, Held]:
+    def _held(self, need: list[tuple[ArrayLayout, int]]) -> dict[str, Held]:
         """The shards of ``need`` at hand whole: mapped from the SSD tier, or (with
         ``fetch="shard"``) fetched whole now and kept there."""
         if self.whole is None:
@@ -175,58 +163,9 @@ class ChunkSource:
                 if found is not None:
                     held[obj] = found
         todo = {obj: wanted[obj] for obj in wanted if obj not in held}
-        if todo and fetch and self.fetch == "shard":
+        if todo and self.fetch == "shard":
             held.update(self._fetch_whole(todo))
         return held
-
-    def keep_assembled(
-        self, layout: ArrayLayout, s: int, have: dict[tuple[str, int], tuple[Any, Any]]
-    ) -> None:
-        """With ``fetch="shard"``, keep shard ``s`` whole in the SSD tier, assembled from
-        the chunks' bytes at hand (``have``, by (path, chunk)), the ranges between them
-        read from the origin, and its index from the tiers: every byte of the object
-        read from the origin once.  A shard whose chunks and index do not tile its object
-        exactly (another writer's) is fetched whole instead."""
-        if self.whole is None or self.fetch != "shard" or not layout.sharded:
-            return
-        obj = layout.object_key(s)
-        first = s * layout.chunks_per_shard
-        with self.whole.values.lock:
-            if self.whole.held(layout, obj, [], again=True) is not None:
-                return
-        index = self.index([(layout, s)])[obj]
-        rows = sorted((int(o), int(n), first + i) for i, (o, n) in enumerate(index) if o != EMPTY)
-        raw_index = self.tiers.lookup(f"{obj}#s{layout.index_bytes}") if self.tiers else None
-        end = 0
-        for o, n, _ in rows:
-            tiles = o == end
-            end = o + n
-            if not tiles:
-                break
-        if not rows or not tiles or raw_index is None or len(raw_index) != layout.index_bytes:
-            self._held([(layout, first)])  # fetched whole, as a read would
-            return
-        with self.whole.locked([obj]):
-            with self.whole.values.lock:
-                if self.whole.held(layout, obj, [], again=True) is not None:
-                    return
-            buf = bytearray(end + layout.index_bytes)
-            buf[end:] = raw_index
-            gaps: list[tuple[int, int]] = []
-            for o, n, k in rows:
-                data = have.get((layout.path, k), (None, None))[1]
-                if data is not None and len(data) == n:
-                    buf[o : o + n] = data
-                elif gaps and gaps[-1][1] == o:  # extends the gap before it
-                    gaps[-1] = (gaps[-1][0], o + n)
-                else:
-                    gaps.append((o, o + n))
-            requests: list[Request] = [(obj, start, stop) for start, stop in gaps]
-            for (start, stop), data in zip(gaps, self._read(requests) if gaps else []):
-                if data is None or len(data) != stop - start:
-                    raise self._missing(obj, "shard")
-                buf[start:stop] = data
-            self.whole.put(obj, memoryview(buf))
 
     def keep_whole(self, layout: ArrayLayout) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
@@ -295,34 +234,32 @@ class ChunkSource:
         *,
         ram: bool,
         layouts: dict[str, ArrayLayout],
-        whole: bool = True,
     ) -> list[bytes | memoryview | None]:
         """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
 
-        None stands for an object missing at the origin (a chunk never written).  With
-        ``fetch="shard"`` a miss reads its object whole, unless ``whole`` is False.
+        None stands for an object missing at the origin (a chunk never written).
         """
         by_key = dict(zip(keys, requests))
 
         def fetch(miss: list[str]) -> list[bytes | memoryview | None]:
-            return self._from_origin([by_key[k] for k in miss], layouts, whole)
+            return self._from_origin([by_key[k] for k in miss], layouts)
 
         if self.tiers is None:
             return fetch(keys)
         return self.tiers.get_many(keys, fetch, ram=ram)
 
     def _from_origin(
-        self, requests: list[Request], layouts: dict[str, ArrayLayout], whole: bool = True
+        self, requests: list[Request], layouts: dict[str, ArrayLayout]
     ) -> list[bytes | memoryview | None]:
-        if self.fetch != "shard" or not whole:
+        if self.fetch != "shard":
             return self._read(requests)
         objects = sorted({r[0] for r in requests})
-        objs = dict(zip(objects, self._read([(o, None, None) for o in objects])))
-        for obj, data in objs.items():
+        whole = dict(zip(objects, self._read([(o, None, None) for o in objects])))
+        for obj, data in whole.items():
             if data is not None and obj in layouts:
                 self._fill_shard(obj, layouts[obj], data, requests)
         return [
-            None if (got := objs[obj]) is None else _slice(got, start, stop)
+            None if (got := whole[obj]) is None else _slice(got, start, stop)
             for obj, start, stop in requests
         ]
 

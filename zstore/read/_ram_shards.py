@@ -280,8 +280,7 @@ class ShardForm(abc.ABC):
             for layout, s, span, _ in todo
             for k in layout.chunks_for(*_clip(layout, s, span))
         ]
-        # a shard the SSD tier should keep whole is kept so by the fill, not read whole now
-        raw = self.source.raw(window, ram=False, fetch_whole=False)
+        raw = self.source.raw(window, ram=False)
         self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in window)
         pieces: Pieces = {
             (layout.path, -1 - k): (
@@ -317,7 +316,6 @@ class ShardForm(abc.ABC):
         self.builder_source.remember_indexes(indexes)
         try:
             for layout, s, _, key in todo:
-                self.builder_source.keep_assembled(layout, s, have)
                 need = self._shard_chunks(layout, s)
                 rest = [(la, k) for la, k in need if (la.path, k) not in have]
                 if rest:

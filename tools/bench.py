@@ -165,6 +165,7 @@ def single_process(paths: Paths, windows: list, reps: int) -> dict[str, list[flo
             clear_tiers(c.options)
             for _ in range(2):
                 run_windows(c, paths, windows[:n], WINDOW_FRAMES, 1e9)
+                c.settle()
     results: dict[str, list[float]] = {c.name: [] for c, _, _ in runs}
     for rep in range(reps):
         for c, budget, n in runs:
@@ -282,6 +283,7 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
     sample = windows[:200]
     for _ in range(2):  # fill the tier, then map it
         run_windows(c, paths, sample, WINDOW_FRAMES, 1e9)
+        c.settle()
     reader = c._state
     work = []
     for _, item, start in sample:

@@ -250,6 +250,7 @@ def hit_costs(
         for _ in range(2):  # build the shards, then map them
             for item, start in windows:
                 reader.read(item, spans(start))
+            reader.settle(timeout=600)  # the fills behind the reads are in
         best = []
         for _ in range(3):
             t0 = time.perf_counter()

@@ -46,6 +46,12 @@ class Contender:
         self.open(paths)
         return READERS[self.kind](self._state, index, item, start, frames)
 
+    def settle(self) -> None:
+        """Wait for the fills a zstore reader runs behind its reads (a warm-up's last
+        shards are otherwise still filling during the first timed pass)."""
+        if hasattr(self._state, "settle"):
+            self._state.settle(timeout=600)
+
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "options": self.options}
 

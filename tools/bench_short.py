@@ -279,6 +279,7 @@ def reads(
             mds_ds[i]
     for i in range(len(whole)):  # warm the RAM tier: one pass
         whole[i]
+    whole.settle(timeout=600)  # the shards it filled behind its reads are in
     draws = [window.window((0, int(i))) for i in order]
 
     def zs_whole() -> int:

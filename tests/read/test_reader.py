@@ -153,6 +153,30 @@ def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
     assert fs.bytes == needed
 
 
+def test_auto_fetch_reads_whole_shards_from_a_network_file_system(
+    small_store, tmp_path, monkeypatch
+):
+    """A store on NFS (a mounted path) is read as a remote one: with an SSD tier that holds
+    it, whole shards; on a local disk, ranges."""
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd", ssd_bytes="256MB"
+    )
+    assert WindowReader(small_store, cache=cfg).open().fetch == "range"
+    real = zstore.urls.filesystem_type
+    monkeypatch.setattr(
+        "zstore.urls.filesystem_type",
+        lambda path: "nfs4" if path.startswith(small_store) else real(path),
+    )
+    reader = WindowReader(small_store, cache=cfg).open()
+    assert reader.fetch == "shard"
+    wav = zarr.open_group(small_store, mode="r")["utt000001/wav"]
+    got = reader.read("utt000001", {"wav": Span(8000, 40000)})["wav"]
+    np.testing.assert_array_equal(got, wav[:, 8000:40000])
+    assert reader.settle(timeout=120)
+    ssd = zstore.cache_stats(cfg)["ssd"]
+    assert ssd["entries"] == 1  # the shard, whole (ranges: its index and each chunk)
+
+
 @pytest.mark.parametrize("fetch", ["range", "shard"])
 def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch, monkeypatch):
     monkeypatch.setattr(zstore.read._chunks, "COALESCE_BYTES", 2**30)  # one range per shard

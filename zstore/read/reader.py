@@ -53,7 +53,7 @@ from zstore.read._ram_shards import (
 )
 from zstore.read._zarr_store import CachedStore
 from zstore.read.streamcopy import copy_streamed
-from zstore.urls import is_url
+from zstore.urls import is_url, network_fs_type
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
@@ -180,7 +180,13 @@ class WindowReader:
         mode = resolved.fetch if resolved else "range"
         if mode != "auto":
             return mode
-        remote = is_url(self.url) or self.origin_fs is not None
+        # A store on NFS or Lustre costs what a remote one does: a window's chunks kept
+        # as one SSD value each cost a file and an index row apiece, on the first epoch's
+        # reads (measured, NFS-like model: 0.47x of no tiers against 0.83x with whole
+        # shards; docs/benchmarks-notes.md).
+        remote = (
+            is_url(self.url) or self.origin_fs is not None or network_fs_type(self.url) is not None
+        )
         return "shard" if remote and self.ssd_holds_store else "range"
 
     def layout(self, item: str, name: str, position: int | None = None) -> ArrayLayout:

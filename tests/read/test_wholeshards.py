@@ -3,7 +3,9 @@ map, checked, and dropped when corrupt."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 
 import numpy as np
 import pytest
@@ -126,3 +128,34 @@ def test_whole_shards_serve_the_decoded_and_encoded_ram_tiers(small_store, tmp_p
         for _ in range(2):  # builds the RAM tier's shards from the SSD's, then hits
             assert_windows_equal(reader, root, np.random.default_rng(2))
         assert fs.requests == 0
+
+
+def test_a_read_does_not_wait_for_another_process_fetching_its_shard_whole(small_store, tmp_path):
+    """With ``fetch="shard"``, while another process holds the node's lock to fetch a
+    shard whole, a read of one of its windows takes the window's ranges instead of
+    waiting; once the lock is free, the next read fetches and keeps the shard whole."""
+    cfg = zstore.CacheConfig(
+        ram_dir=None, ssd_dir=tmp_path / "ssd", ssd_bytes="256MB", fetch="shard"
+    )
+    item = "utt000003"
+    wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
+    shard = os.path.getsize(f"{small_store}/{item}/wav/c/0/0")
+    fs = ModelledFileSystem()
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    other = WindowReader(small_store, cache=cfg).open()  # as the process fetching it
+    key = other.source.whole.key(reader.layout(item, "wav").object_key(0))
+    held = other.tiers.fill_locks.acquire([key])
+    fs.reset_counts()
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(reader.read(item, {"wav": Span(0, 16000)})))
+    t.start()
+    t.join(120)
+    other.tiers.fill_locks.release(held)
+    assert not t.is_alive(), "the read waited for the other process's whole-shard fetch"
+    np.testing.assert_array_equal(got["wav"], wav[:, :16000])
+    assert 0 < fs.bytes < shard  # the index and the window's chunk, not the shard
+
+    fs.reset_counts()
+    again = reader.read(item, {"wav": Span(16000, 48000)})["wav"]
+    np.testing.assert_array_equal(again, wav[:, 16000:48000])
+    assert fs.bytes == shard and fs.requests == 1  # now fetched whole, once

@@ -9,7 +9,9 @@ RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
+from collections.abc import Collection
 
 import numpy as np
 
@@ -61,8 +63,11 @@ class ChunkSource:
             if len(self._indexes) > MAX_INDEXES:
                 self._indexes.popitem(last=False)
 
-    def index(self, shards: list[tuple[ArrayLayout, int]]) -> dict[str, np.ndarray]:
-        """Shard indexes of the given (layout, shard) pairs, fetched together."""
+    def index(
+        self, shards: list[tuple[ArrayLayout, int]], *, ranges: Collection[str] = ()
+    ) -> dict[str, np.ndarray]:
+        """Shard indexes of the given (layout, shard) pairs, fetched together (``ranges``:
+        see :meth:`fetch_many`)."""
         found: dict[str, np.ndarray] = {}
         todo: dict[str, ArrayLayout] = {}
         for layout, shard in shards:
@@ -83,7 +88,7 @@ class ChunkSource:
             requests: list[Request] = [
                 (obj, -layout.index_bytes, None) for obj, layout in todo.items()
             ]
-            values = self.fetch_many(keys, requests, ram=True, layouts=todo)
+            values = self.fetch_many(keys, requests, ram=True, layouts=todo, ranges=ranges)
             for (obj, layout), data in zip(todo.items(), values):
                 if data is None and self.complete:
                     raise self._missing(obj, "shard")
@@ -101,13 +106,14 @@ class ChunkSource:
     ) -> list[tuple[Request | None, bytes | memoryview | None]]:
         """The encoded bytes of (layout, chunk number) pairs and the origin request each
         came from; (None, None) for a chunk never written (stores of other writers)."""
-        held = self._held(need)
+        held, around = self._held(need)
         indexes = self.index(
             [
                 (layout, k // layout.chunks_per_shard)
                 for layout, k in need
                 if layout.sharded and layout.object_key(k // layout.chunks_per_shard) not in held
-            ]
+            ],
+            ranges=around,
         )
         keys: list[str] = []
         requests: list[Request] = []
@@ -137,7 +143,9 @@ class ChunkSource:
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
             slots.append(i)
-        values = self.fetch_many(keys, requests, ram=ram, layouts=layouts) if keys else []
+        values = (
+            self.fetch_many(keys, requests, ram=ram, layouts=layouts, ranges=around) if keys else []
+        )
         for i, request, data in zip(slots, requests, values):
             out[i] = (request, data)
         if self.complete:
@@ -146,11 +154,12 @@ class ChunkSource:
                     raise self._missing(layout.object_key(k // layout.chunks_per_shard), "chunk")
         return out
 
-    def _held(self, need: list[tuple[ArrayLayout, int]]) -> dict[str, Held]:
+    def _held(self, need: list[tuple[ArrayLayout, int]]) -> tuple[dict[str, Held], set[str]]:
         """The shards of ``need`` at hand whole: mapped from the SSD tier, or (with
-        ``fetch="shard"``) fetched whole now and kept there."""
+        ``fetch="shard"``) fetched whole now and kept there; and the shards another
+        process is fetching whole now (their chunks are read by ranges, not waited for)."""
         if self.whole is None:
-            return {}
+            return {}, set()
         wanted: dict[str, tuple[ArrayLayout, list[int]]] = {}
         for layout, k in need:
             if layout.sharded:
@@ -163,9 +172,11 @@ class ChunkSource:
                 if found is not None:
                     held[obj] = found
         todo = {obj: wanted[obj] for obj in wanted if obj not in held}
+        around: set[str] = set()
         if todo and self.fetch == "shard":
-            held.update(self._fetch_whole(todo))
-        return held
+            got, around = self._fetch_whole(todo, wait=False)
+            held.update(got)
+        return held, around
 
     def keep_whole(self, layout: ArrayLayout) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
@@ -177,20 +188,30 @@ class ChunkSource:
             with self.whole.values.lock:
                 if self.whole.held(layout, obj, []) is not None:
                     continue
-            self._fetch_whole({obj: (layout, [])})
+            self._fetch_whole({obj: (layout, [])}, wait=True)
 
-    def _fetch_whole(self, todo: dict[str, tuple[ArrayLayout, list[int]]]) -> dict[str, Held]:
+    def _fetch_whole(
+        self, todo: dict[str, tuple[ArrayLayout, list[int]]], *, wait: bool = True
+    ) -> tuple[dict[str, Held], set[str]]:
         """Fetch shard objects whole (one concurrent origin round) into the SSD tier,
-        once for the node: the fill lock's holder fetches, the others find it mapped."""
+        once for the node: the fill lock's holder fetches.  ``wait``: the others wait
+        and find it mapped; else they get the objects being fetched elsewhere back, to
+        read by ranges."""
         assert self.whole is not None
         held: dict[str, Held] = {}
-        with self.whole.locked(list(todo)):
+        with contextlib.ExitStack() as stack:
+            if wait:
+                stack.enter_context(self.whole.locked(list(todo)))
+                free, busy = list(todo), set[str]()
+            else:
+                free, busy = stack.enter_context(self.whole.first_free(list(todo)))
             with self.whole.values.lock:
-                for obj, (layout, chunks) in todo.items():
+                for obj in free:
+                    layout, chunks = todo[obj]
                     found = self.whole.held(layout, obj, chunks, again=True)
                     if found is not None:
                         held[obj] = found
-            objs = [obj for obj in todo if obj not in held]
+            objs = [obj for obj in free if obj not in held]
             for obj, data in zip(objs, self._read([(o, None, None) for o in objs])):
                 layout = todo[obj][0]
                 if data is None and self.complete:
@@ -207,7 +228,7 @@ class ChunkSource:
                 )
                 self.whole.put(obj, view)
                 held[obj] = Held(index, view)
-        return held
+        return held, busy
 
     def decode(
         self,
@@ -234,25 +255,41 @@ class ChunkSource:
         *,
         ram: bool,
         layouts: dict[str, ArrayLayout],
+        ranges: Collection[str] = (),
     ) -> list[bytes | memoryview | None]:
         """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
 
-        None stands for an object missing at the origin (a chunk never written).
+        None stands for an object missing at the origin (a chunk never written).  With
+        ``fetch="shard"`` a miss reads its object whole, unless the object is in
+        ``ranges`` (another process is fetching it whole now).
         """
         by_key = dict(zip(keys, requests))
 
         def fetch(miss: list[str]) -> list[bytes | memoryview | None]:
-            return self._from_origin([by_key[k] for k in miss], layouts)
+            return self._from_origin([by_key[k] for k in miss], layouts, ranges)
 
         if self.tiers is None:
             return fetch(keys)
         return self.tiers.get_many(keys, fetch, ram=ram)
 
     def _from_origin(
-        self, requests: list[Request], layouts: dict[str, ArrayLayout]
+        self,
+        requests: list[Request],
+        layouts: dict[str, ArrayLayout],
+        ranges: Collection[str] = (),
     ) -> list[bytes | memoryview | None]:
         if self.fetch != "shard":
             return self._read(requests)
+        if ranges:  # objects another process is fetching whole: their ranges only
+            direct = [i for i, r in enumerate(requests) if r[0] in ranges]
+            if direct:
+                rest = [i for i, r in enumerate(requests) if r[0] not in ranges]
+                out: list[bytes | memoryview | None] = [None] * len(requests)
+                values = self._read([requests[i] for i in direct])
+                values += self._from_origin([requests[i] for i in rest], layouts) if rest else []
+                for i, value in zip(direct + rest, values):
+                    out[i] = value
+                return out
         objects = sorted({r[0] for r in requests})
         whole = dict(zip(objects, self._read([(o, None, None) for o in objects])))
         for obj, data in whole.items():

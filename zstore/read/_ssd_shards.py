@@ -90,6 +90,30 @@ class WholeShards:
             self._absent.discard(key)
 
     @contextlib.contextmanager
+    def first_free(self, objs: list[str]) -> Iterator[tuple[list[str], set[str]]]:
+        """Hold the node's fill locks of the objects no other holder has now; yields
+        (those objects, the others).  A reader does not wait for another process's
+        whole-shard fetch: it reads its window's chunks around it."""
+        locks = self.tiers.fill_locks
+        if locks is None:
+            yield list(objs), set()
+            return
+        held: list[int] = []
+        free: list[str] = []
+        busy: set[str] = set()
+        try:
+            for obj in objs:
+                fds = locks.acquire([self.key(obj)], wait=False)
+                if fds is None:
+                    busy.add(obj)
+                else:
+                    held += fds
+                    free.append(obj)
+            yield free, busy
+        finally:
+            locks.release(held)
+
+    @contextlib.contextmanager
     def locked(self, objs: list[str]) -> Iterator[None]:
         """Hold the node's fill locks of these objects (one process fetches each)."""
         if self.tiers.fill_locks is None:

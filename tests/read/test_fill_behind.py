@@ -90,3 +90,31 @@ def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] == filled  # nothing left to fill
     assert stats["ram"]["hits"] > 0
+
+
+def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, monkeypatch):
+    """A process does not fork while its fill is inside SQLite or blosc: a child forked
+    then would wait forever for a lock the fill's thread held (a DataLoader worker forked
+    mid-fill hung opening its tier).  The fork waits for the shard's fill instead."""
+    from zstore.read._builds import FORK_GATE
+    from zstore.read._ram_shards import DecodedShards
+
+    inside, release = threading.Event(), threading.Event()
+    real = DecodedShards.fill
+
+    def held(self, *args, **kwargs):
+        inside.set()
+        assert release.wait(120)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DecodedShards, "fill", held)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
+    reader = WindowReader(small_store, cache=cfg)
+    reader.read(ITEM, SPANS)
+    assert inside.wait(120)
+    assert FORK_GATE.locked()  # a fork now would wait for this shard's fill
+    release.set()
+    assert reader.settle(timeout=120)
+    assert not FORK_GATE.locked()

@@ -25,9 +25,11 @@ waits in front of a read.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger("zstore")
@@ -37,6 +39,36 @@ log = logging.getLogger("zstore")
 MAX_PENDING = 48
 #: Encoded bytes of the windows' chunks that queued fills hold (a few batches' worth).
 MAX_PENDING_BYTES = 64 * 2**20
+
+
+class _ForkGate:
+    """Held by a build while it works, and by a fork while it forks: a process never
+    forks while a build is inside SQLite, blosc or malloc.  A child forked in the middle
+    of one inherits that library's lock held by a thread it does not have, and waits
+    for it forever (seen: a DataLoader worker, forked while a build was in SQLite, hung
+    in ``sqlite3Malloc`` opening its tier).  A fork waits at most one shard's build."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        os.register_at_fork(
+            before=self._lock.acquire,
+            after_in_parent=self._lock.release,
+            after_in_child=self._reset,
+        )
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()  # the child's copy is held by the fork
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+
+FORK_GATE = _ForkGate()
 
 
 class BehindBuilds:

@@ -26,7 +26,7 @@ from zstore.cache import Checked, TieredCache
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, Span, decode_chunk, strip_crc
 from zstore.origin import describe
-from zstore.read._builds import BehindBuilds
+from zstore.read._builds import FORK_GATE, BehindBuilds
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import Mapped, MappedValues
 
@@ -318,13 +318,14 @@ class ShardForm(abc.ABC):
             for layout, s, _, key in todo:
                 need = self._shard_chunks(layout, s)
                 rest = [(la, k) for la, k in need if (la.path, k) not in have]
-                if rest:
-                    have.update(
-                        ((la.path, k), r)
-                        for (la, k), r in zip(rest, self.builder_source.raw(rest, ram=False))
-                    )
-                raw = [have.pop((la.path, k)) for la, k in need]
-                self.fill([(layout, s, Span(0, 0), key)], need, raw)
+                with FORK_GATE.held():  # its fetch (tier lookups) and fill (SQLite, blosc)
+                    if rest:
+                        have.update(
+                            ((la.path, k), r)
+                            for (la, k), r in zip(rest, self.builder_source.raw(rest, ram=False))
+                        )
+                    raw = [have.pop((la.path, k)) for la, k in need]
+                    self.fill([(layout, s, Span(0, 0), key)], need, raw)
                 del raw
                 decode_locks.release(locks.pop(key))
                 done(key)
@@ -344,15 +345,16 @@ class ShardForm(abc.ABC):
         under the node's build lock (never the readers' lock inside that one: a reader
         takes them in the other order)."""
         need = self._shard_chunks(layout, s)
-        with self.values.lock:
-            if self._mapped(layout, s, key, again=True) is not None:
-                return
         _REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
-        raw = self.builder_source.raw(need, ram=False)
-        with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
-            if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
-                self.fill([(layout, s, Span(0, 0), key)], need, raw)
-        del raw
+        with FORK_GATE.held():  # its lookups and fetch (SQLite) and fill (blosc, SQLite)
+            with self.values.lock:
+                if self._mapped(layout, s, key, again=True) is not None:
+                    return
+            raw = self.builder_source.raw(need, ram=False)
+            with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
+                if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
+                    self.fill([(layout, s, Span(0, 0), key)], need, raw)
+            del raw
         with self.values.lock:
             self.values.drop_evicted()
         release_free_memory()

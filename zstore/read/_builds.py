@@ -154,9 +154,7 @@ class BehindBuilds:
                 self.pending_bytes -= nbytes
                 idle = not self.pending
             if idle and self.on_idle is not None:
-                self.on_idle()
-            with self._lock:
-                self._idle.notify_all()
+                self.on_idle()  # waiters wake when the thread ends (_drain)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no build is pending and the thread has ended; False if

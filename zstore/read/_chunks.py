@@ -280,25 +280,24 @@ class ChunkSource:
     ) -> list[bytes | memoryview | None]:
         if self.fetch != "shard":
             return self._read(requests)
-        if ranges:  # objects another process is fetching whole: their ranges only
-            direct = [i for i, r in enumerate(requests) if r[0] in ranges]
-            if direct:
-                rest = [i for i, r in enumerate(requests) if r[0] not in ranges]
-                out: list[bytes | memoryview | None] = [None] * len(requests)
-                values = self._read([requests[i] for i in direct])
-                values += self._from_origin([requests[i] for i in rest], layouts) if rest else []
-                for i, value in zip(direct + rest, values):
-                    out[i] = value
-                return out
-        objects = sorted({r[0] for r in requests})
-        whole = dict(zip(objects, self._read([(o, None, None) for o in objects])))
+        # Whole objects, but the ranges only of those another process is fetching whole
+        # now: one concurrent round for both.
+        objects = sorted({r[0] for r in requests if r[0] not in ranges})
+        direct = [r for r in requests if r[0] in ranges]
+        got = self._read([(o, None, None) for o in objects] + direct)
+        whole = dict(zip(objects, got))
+        ranged = dict(zip(direct, got[len(objects) :]))
         for obj, data in whole.items():
             if data is not None and obj in layouts:
                 self._fill_shard(obj, layouts[obj], data, requests)
-        return [
-            None if (got := whole[obj]) is None else _slice(got, start, stop)
-            for obj, start, stop in requests
-        ]
+        out: list[bytes | memoryview | None] = []
+        for obj, start, stop in requests:
+            if obj in ranges:
+                out.append(ranged[(obj, start, stop)])
+            else:
+                data = whole[obj]
+                out.append(None if data is None else _slice(data, start, stop))
+        return out
 
     def _fill_shard(
         self, obj: str, layout: ArrayLayout, data: bytes | memoryview, requested: list[Request]
@@ -308,14 +307,14 @@ class ChunkSource:
             return
         index = decode_index(layout, data[-layout.index_bytes :], f"{self.url}: {obj}")
         skip = {(r[1], r[2]) for r in requested if r[0] == obj}
+        chunks = []
         for offset, nbytes in index:
             if offset == EMPTY:
                 continue
             start, stop = int(offset), int(offset) + int(nbytes)
             if (start, stop) not in skip:
-                self.tiers.fill(
-                    f"{obj}#r{start}-{stop}", data[start:stop], ram=not self.tiers.decoded
-                )
+                chunks.append((f"{obj}#r{start}-{stop}", data[start:stop]))
+        self.tiers.fill_many(chunks, ram=not self.tiers.decoded)  # one transaction per tier
 
     def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:
         merged, parts = coalesce(requests, COALESCE_BYTES)

@@ -77,7 +77,14 @@ def chunk_pieces(source: ChunkSource, plan: Plan, *, ram: bool) -> Pieces:
     need = [
         (layout, k) for _, layout, span in plan for k in layout.chunks_for(span.start, span.stop)
     ]
-    raw = source.raw(need, ram=ram)
+    return lazy_pieces(source, need, source.raw(need, ram=ram))
+
+
+def lazy_pieces(
+    source: ChunkSource, need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]
+) -> Pieces:
+    """The pieces of chunks ``need`` from their bytes ``raw`` (``source.raw(need)``),
+    each decoded as it is copied."""
     return {
         (layout.path, -1 - k): (
             k * layout.chunk,
@@ -275,20 +282,14 @@ class ShardForm(abc.ABC):
         queued behind the reads with those chunks' bytes and its node lock from
         ``locks`` (taken out of it: the build releases them).  When the queue filled up
         meanwhile, nothing is queued and the locks stay in ``locks``."""
-        window = [
+        window = [  # each span is the windows' part in its shard (see pieces)
             (layout, k)
-            for layout, s, span, _ in todo
-            for k in layout.chunks_for(*_clip(layout, s, span))
+            for layout, _, span, _ in todo
+            for k in layout.chunks_for(span.start, span.stop)
         ]
         raw = self.source.raw(window, ram=False)
         self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in window)
-        pieces: Pieces = {
-            (layout.path, -1 - k): (
-                k * layout.chunk,
-                Lazy(layout, partial(self.source.decode, layout, request, data)),
-            )
-            for (layout, k), (request, data) in zip(window, raw)
-        }
+        pieces = lazy_pieces(self.source, window, raw)
         held = {key: locks[key] for *_, key in todo}
         have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
         # the shards' indexes the reader fetched: the fill does not fetch them again
@@ -566,12 +567,6 @@ class EncodedShards(ShardForm):
             fresh = self.source.origin.read(*request)
             strip_crc(memoryview(fresh), where)
             return fresh
-
-
-def _clip(layout: ArrayLayout, s: int, span: Span) -> tuple[int, int]:
-    """``span``'s part in shard ``s`` as (start, stop)."""
-    part = in_shard(layout, s, span)
-    return part.start, max(part.start, part.stop)
 
 
 def shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:

@@ -225,4 +225,8 @@ class Origin:
             return [self.read(*r) for r in requests]
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.max_requests, thread_name_prefix="zstore")
-        return list(self._pool.map(lambda r: self.read(*r), requests))
+        try:
+            futures = [self._pool.submit(self.read, *r) for r in requests]
+        except RuntimeError:  # the interpreter is exiting: a fill finishing at exit
+            return [self.read(*r) for r in requests]
+        return [f.result() for f in futures]

@@ -123,3 +123,48 @@ def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, hold):
     assert FORK_GATE.locked()  # a fork now would wait for this shard's fill
     release.set()
     assert reader.settle(timeout=120)
+
+
+EXIT_SCRIPT = (
+    """
+import sys, threading
+import zstore
+from zstore.format import Span
+from zstore.read import WindowReader
+from zstore.read._ram_shards import ShardForm
+from zstore.testing import ModelledFileSystem
+
+real = ShardForm._finish_builds
+
+def after_main_returns(self, *args, **kwargs):
+    threading.main_thread().join()  # the fill runs while the interpreter exits
+    return real(self, *args, **kwargs)
+
+ShardForm._finish_builds = after_main_returns
+cfg = zstore.CacheConfig(ram_dir=sys.argv[2], ram_bytes="64MB", ssd_dir=None)
+reader = WindowReader(sys.argv[1], cache=cfg, origin_fs=ModelledFileSystem())
+reader.read("%s", {"wav": Span(16000, 48000), "act": Span(100, 300)})
+"""
+    % ITEM
+)
+
+
+def test_a_fill_queued_when_the_process_exits_is_finished(small_store, tmp_path):
+    """A process that exits with a fill queued finishes it, also when the fill reads the
+    origin concurrently (a URL): the interpreter then refuses new thread-pool work, so
+    the fill reads its ranges in turn (it failed, with a warning, and the shard stayed
+    out)."""
+    import subprocess
+    import sys
+
+    ram = tmp_path / "ram"
+    out = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, small_store, str(ram)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "failed" not in out.stderr, out.stderr
+    cfg = zstore.CacheConfig(ram_dir=ram, ram_bytes="64MB", ssd_dir=None)
+    assert zstore.cache_stats(cfg)["ram"]["fills"] > len(SPANS)  # the shards are in

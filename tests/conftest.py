@@ -246,3 +246,24 @@ def corpus_files(tmp_path):
     write_h5(tmp_path / "corpus" / "b.hdf5", b)
     write_h5(tmp_path / "corpus" / "day2" / "c.h5", c)
     return {"a": a, "b": b, "c": c}
+
+
+@pytest.fixture
+def every_stripe_held():
+    """``every_stripe_held(locks)``: holds every stripe of a ``StripedLocks`` on
+    descriptors of its own (as another process would: ``flock`` excludes other
+    descriptors of the same process too) until the test ends."""
+    import fcntl
+
+    fds: list[int] = []
+
+    def hold(locks) -> None:
+        assert locks._safe()
+        for stripe in range(locks.stripes):
+            fd = locks._open(stripe)
+            fds.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    yield hold
+    for fd in fds:
+        os.close(fd)

@@ -125,6 +125,27 @@ def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, hold):
     assert reader.settle(timeout=120)
 
 
+def test_a_first_read_with_a_ram_tier_only_takes_no_fill_lock(
+    small_store, tmp_path, every_stripe_held
+):
+    """With a RAM tier and no SSD tier nothing keeps a window's encoded chunks, so
+    fetching them takes no node lock: with 4 ranks, a batch's chunks waited for the
+    other ranks' fetches of unrelated chunks on the same lock stripes."""
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    reader = WindowReader(small_store, cache=cfg).open()
+    # the shard indexes first: the RAM tier keeps those, under the lock
+    reader.source.index([(reader.layout(ITEM, name), 0) for name in SPANS])
+    every_stripe_held(reader.tiers.fill_locks)
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(reader.read(ITEM, SPANS)))
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the read waited for a node lock"
+    root = zarr.open_group(small_store, mode="r")
+    np.testing.assert_array_equal(got["wav"], root[f"{ITEM}/wav"][:, 16000:48000])
+    assert reader.settle(timeout=120)
+
+
 EXIT_SCRIPT = (
     """
 import sys, threading

@@ -159,3 +159,26 @@ def test_a_read_does_not_wait_for_another_process_fetching_its_shard_whole(small
     again = reader.read(item, {"wav": Span(16000, 48000)})["wav"]
     np.testing.assert_array_equal(again, wav[:, 16000:48000])
     assert fs.bytes == shard and fs.requests == 1  # now fetched whole, once
+
+
+def test_ranges_read_around_a_shard_fetched_whole_are_neither_locked_nor_kept(
+    small_store, tmp_path, every_stripe_held
+):
+    """While another process fetches a shard whole for the SSD tier, a read takes its
+    window's ranges past the tiers: no node lock to wait for (the locks are striped,
+    so a batch's ranges waited for other processes' unrelated fetches) and no SSD value
+    of their own beside the whole shard."""
+    cfg = zstore.CacheConfig(
+        ram_dir=None, ssd_dir=tmp_path / "ssd", ssd_bytes="256MB", fetch="shard"
+    )
+    item = "utt000003"
+    wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
+    reader = WindowReader(small_store, cache=cfg).open()
+    every_stripe_held(reader.tiers.fill_locks)  # every shard is being fetched whole
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(reader.read(item, {"wav": Span(0, 48000)})))
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the read waited for a node lock"
+    np.testing.assert_array_equal(got["wav"], wav[:, :48000])
+    assert zstore.cache_stats(cfg)["ssd"]["fills"] == 0

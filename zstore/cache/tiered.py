@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from zstore.cache._location import refusal
@@ -175,22 +175,32 @@ class TieredCache:
         fetch_many: Callable[[list[str]], list[bytes | memoryview | None]],
         *,
         ram: bool = True,
+        passing: Collection[str] = (),
     ) -> list[bytes | memoryview | None]:
         """Like :meth:`get` for many keys; the misses are fetched in one call.
 
         ``fetch_many`` returns None for a key missing at the origin; that is
-        passed on and never cached.
+        passed on and never cached.  Keys in ``passing`` are fetched with the others
+        but neither locked nor kept (ranges of a shard another process is putting in
+        the tiers whole).
         """
         values = self.lookup_many(keys, ram=ram)
         missing = [i for i, v in enumerate(values) if v is None]
-        if not missing or self.fill_locks is None:
-            return self._fetch_into(keys, values, missing, fetch_many, ram)
-        with self.fill_locks.hold(keys[i] for i in missing):
+        stored = self.ssd is not None or (ram and self.ram is not None)
+        locked = [keys[i] for i in missing if keys[i] not in passing] if stored else []
+        if not locked or self.fill_locks is None:
+            # No lock when no tier keeps what is fetched (RAM-only tiers reading a
+            # shard's chunks for a window): there is no fill to wait for, and the
+            # locks are striped, so a batch's hundreds of keys would wait for other
+            # processes' unrelated fetches (4 ranks: a quarter of epoch 0's time).
+            return self._fetch_into(keys, values, missing, fetch_many, ram, passing)
+        with self.fill_locks.hold(locked):
             # Another process may have filled them while this one waited.
             for i in missing:
-                values[i] = self.lookup(keys[i], ram=ram, again=True)
+                if keys[i] not in passing:
+                    values[i] = self.lookup(keys[i], ram=ram, again=True)
             missing = [i for i in missing if values[i] is None]
-            return self._fetch_into(keys, values, missing, fetch_many, ram)
+            return self._fetch_into(keys, values, missing, fetch_many, ram, passing)
 
     def _fetch_into(
         self,
@@ -199,13 +209,19 @@ class TieredCache:
         missing: list[int],
         fetch_many: Callable[[list[str]], list[bytes | memoryview | None]],
         ram: bool,
+        passing: Collection[str] = (),
     ) -> list[bytes | memoryview | None]:
         if missing:
             fetched = fetch_many([keys[i] for i in missing])
             for i, value in zip(missing, fetched):
                 values[i] = value
             self.fill_many(
-                [(keys[i], v) for i, v in zip(missing, fetched) if v is not None], ram=ram
+                [
+                    (keys[i], v)
+                    for i, v in zip(missing, fetched)
+                    if v is not None and keys[i] not in passing
+                ],
+                ram=ram,
             )
         return values
 

@@ -270,7 +270,10 @@ class ChunkSource:
 
         if self.tiers is None:
             return fetch(keys)
-        return self.tiers.get_many(keys, fetch, ram=ram)
+        # The ranges of an object another process is putting in the tiers whole are
+        # neither kept (each its own SSD value, beside the whole object) nor locked.
+        passing = {k for k, r in by_key.items() if r[0] in ranges} if ranges else ()
+        return self.tiers.get_many(keys, fetch, ram=ram, passing=passing)
 
     def _from_origin(
         self,

@@ -204,13 +204,15 @@ def main() -> None:
     p.add_argument("--work", default="bench-data/first-epoch")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--docs", default="docs")
+    p.add_argument("--only", default="", help="only the sections whose name has this")
     args = p.parse_args()
+    sections = {k: v for k, v in SECTIONS.items() if args.only in k}
     store = prepare(Path(args.work))
     runs: dict[str, dict[str, list[list[tuple[float, float]]]]] = {
-        sec: {label: [] for label, *_ in configs} for sec, configs in SECTIONS.items()
+        sec: {label: [] for label, *_ in configs} for sec, configs in sections.items()
     }
     for _ in range(args.reps):  # interleaved: every configuration once per repetition
-        for sec, configs in SECTIONS.items():
+        for sec, configs in sections.items():
             for label, fraction, ranks, origin in configs:
                 runs[sec][label].append(epochs(store, fraction, ranks, origin))
                 print(sec, label, runs[sec][label][-1], flush=True)

@@ -105,6 +105,7 @@ def test_shard_fetch_fills_each_whole_shard_once_for_the_node(small_store, tmp_p
     got = second.read(item, {"wav": Span(16000, wav.shape[1])})["wav"]
     np.testing.assert_array_equal(got, wav[:, 16000:])
     assert fs.requests == 1  # the second reader maps what the first kept
+    assert first.settle(timeout=120)  # its write of the shard, behind its read
     assert [k for k in tier_keys(tmp_path / "ssd") if "#r" in k or "#s" in k] == []
     assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
 
@@ -182,3 +183,43 @@ def test_ranges_read_around_a_shard_fetched_whole_are_neither_locked_nor_kept(
     assert not t.is_alive(), "the read waited for a node lock"
     np.testing.assert_array_equal(got["wav"], wav[:, :48000])
     assert zstore.cache_stats(cfg)["ssd"]["fills"] == 0
+
+
+def test_a_shard_fetched_whole_is_written_behind_the_read(small_store, tmp_path, monkeypatch):
+    """The read that fetches a shard whole returns before the shard is written to the
+    SSD tier: the write runs behind the reads with the node's lock for the shard, this
+    process reads the shard from memory meanwhile, and ``settle`` waits for it."""
+    from zstore.read._ssd_shards import WholeShards
+
+    started, release = threading.Event(), threading.Event()
+    real = WholeShards.put
+
+    def held_put(self, obj, data):
+        if threading.current_thread() is not threading.main_thread():
+            started.set()
+            assert release.wait(120)
+        return real(self, obj, data)
+
+    monkeypatch.setattr(WholeShards, "put", held_put)
+    cfg = ssd_only(tmp_path, fetch="shard")
+    item = "utt000005"
+    wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
+    fs = ModelledFileSystem()
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    fs.reset_counts()
+    try:
+        got = reader.read(item, {"wav": Span(0, 16000)})["wav"]  # returns, write held
+        assert started.wait(120)
+        np.testing.assert_array_equal(got, wav[:, :16000])
+        assert zstore.cache_stats(cfg)["ssd"]["fills"] == 0
+        later = reader.read(item, {"wav": Span(16000, 32000)})["wav"]
+        np.testing.assert_array_equal(later, wav[:, 16000:32000])
+        assert fs.requests == 1  # the whole shard once; the later window from memory
+    finally:
+        release.set()
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
+    fresh = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    fs.reset_counts()
+    np.testing.assert_array_equal(fresh.read(item, {"wav": Span(0, 16000)})["wav"], got)
+    assert fs.requests == 0  # mapped from the SSD tier

@@ -1,6 +1,6 @@
 """Shard builds that run behind the reads, in one background thread per process.
 
-Two kinds of build go there:
+Three kinds of build go there:
 
 - **Fills** (the tier has room, as in the first epoch): the read that first touches a
   shard fetches its window's chunks under the node's lock for the shard, serves the
@@ -15,6 +15,12 @@ Two kinds of build go there:
   decoded 64 s shard costs ~20-30 ms (decode and write every chunk), ~10 windows' worth
   of reading; inline, the epoch after the first spent 58-79 ms of its ~280 ms in three
   such builds (one process, half the decoded bytes in RAM).
+
+- **Whole-shard SSD writes** (``fetch="shard"``): the read that fetches a shard object
+  whole hands it, with the node's fill lock for it, to this thread, which writes it to
+  the SSD tier and releases the lock; until then the process reads it from memory
+  (``zstore.read._ssd_shards``).  They are queued first, so a fill of the same shard
+  queued after it finds it written.
 
 A build runs on a core the reading process leaves idle, or (all cores busy) costs what
 it cost before.  The queue is bounded in shards and in bytes handed over; past that a
@@ -142,8 +148,8 @@ class BehindBuilds:
             build(self._done)
         except Exception as e:  # the shard stays out; reads of it go to its chunks
             log.warning(
-                "zstore: building %s in the RAM tier failed (%s: %s); its windows "
-                "are read from the chunks",
+                "zstore: filling %s into the cache behind the reads failed (%s: %s); "
+                "it stays out, and its windows are read from the origin or other tiers",
                 ", ".join(keys),
                 type(e).__name__,
                 e,

@@ -19,6 +19,7 @@ from zstore.cache import TieredCache
 from zstore.errors import IntegrityError, MissingDataError
 from zstore.format import EMPTY, ArrayLayout, decode_chunk, decode_index, fill_chunk
 from zstore.origin import Origin, Request, describe
+from zstore.read._builds import BehindBuilds
 from zstore.read._ssd_shards import Held, WholeShards
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
@@ -41,12 +42,13 @@ class ChunkSource:
         tiers: TieredCache | None,
         fetch: str,
         complete: bool = False,
+        behind: BehindBuilds | None = None,
     ):
         self.url, self.origin, self.tiers, self.fetch = url, origin, tiers, fetch
         self.complete = complete
         self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
         self.whole = (
-            WholeShards(url, tiers) if tiers is not None and tiers.ssd is not None else None
+            WholeShards(url, tiers, behind) if tiers is not None and tiers.ssd is not None else None
         )
 
     def _missing(self, obj: str, what: str) -> MissingDataError:
@@ -199,12 +201,14 @@ class ChunkSource:
         read by ranges."""
         assert self.whole is not None
         held: dict[str, Held] = {}
+        locks: dict[str, list[int]] = {}
         with contextlib.ExitStack() as stack:
             if wait:
                 stack.enter_context(self.whole.locked(list(todo)))
                 free, busy = list(todo), set[str]()
             else:
-                free, busy = stack.enter_context(self.whole.first_free(list(todo)))
+                locks, busy = stack.enter_context(self.whole.first_free(list(todo)))
+                free = list(locks)
             with self.whole.values.lock:
                 for obj in free:
                     layout, chunks = todo[obj]
@@ -226,8 +230,12 @@ class ChunkSource:
                     view[len(view) - layout.index_bytes :],
                     f"{self.url}: {obj} (shard index)",
                 )
-                self.whole.put(obj, view)
                 held[obj] = Held(index, view)
+                # written behind the reads when there is room (it then owns the lock)
+                if obj in locks and self.whole.put_behind(obj, held[obj], locks[obj]):
+                    del locks[obj]
+                else:
+                    self.whole.put(obj, view)
         return held, busy
 
     def decode(

@@ -124,11 +124,18 @@ class ShardForm(abc.ABC):
     #: (``zstore cache warm``), instead of behind the reads.
     inline = False
 
-    def __init__(self, url: str, tiers: TieredCache, source: ChunkSource, values: MappedValues):
+    def __init__(
+        self,
+        url: str,
+        tiers: TieredCache,
+        source: ChunkSource,
+        values: MappedValues,
+        behind: BehindBuilds | None = None,
+    ):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
         self.ram = values.tier
         self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
-        self.behind = BehindBuilds(on_idle=_drop_reused_scratch)
+        self.behind = behind or BehindBuilds(on_idle=drop_reused_scratch)
         #: the builder thread's own chunk source: it fetches without the readers' lock
         self.builder_source = ChunkSource(
             source.url, source.origin, source.tiers, source.fetch, source.complete
@@ -612,7 +619,7 @@ class _Reused(threading.local):
     """The builder thread's scratch for decoded shards.  A fresh mapping per build
     page-faulted its whole size in (measured: 0.38 s of a first epoch's 1.47 s went to
     copying chunks into fresh scratch); one kept while builds are queued faults once,
-    and is unmapped when the queue drains (``_drop_reused_scratch``)."""
+    and is unmapped when the queue drains (``drop_reused_scratch``)."""
 
     on = False
     buf: mmap.mmap | None = None
@@ -621,7 +628,7 @@ class _Reused(threading.local):
 _REUSE = _Reused()
 
 
-def _drop_reused_scratch() -> None:
+def drop_reused_scratch() -> None:
     _REUSE.buf = None
 
 

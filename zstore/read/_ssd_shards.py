@@ -11,11 +11,20 @@ their decode: measured, see docs/benchmarks-notes.md.)
 The value is stored *blocked* (a crc32c per 128 KiB), so a process checks the blocks
 it reads the first time it reads them; a block that fails drops the value and the
 window's chunks are read the ordinary way.
+
+A read that fetches a shard whole does not write it in front of itself: the object is
+handed, with the node's fill lock for it, to the thread behind the reads
+(``zstore.read._builds``), which writes it and releases the lock.  Until then this
+process reads it from memory, and other processes read their windows' ranges around
+it.  On a cold NFS-like origin the write (a 7 MB shard per first touch) was most of
+what the first batch cost on top of no tiers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,10 +33,17 @@ import numpy as np
 from zstore.cache import Checked, TieredCache
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, decode_index
+from zstore.read._builds import FORK_GATE, BehindBuilds
 from zstore.read._maps import MappedValues
 
 SUFFIX = "#W"
 FORGET = 65536  # shard keys a process remembers the SSD tier lacks, before it asks again
+
+#: Shard objects fetched whole whose SSD write is queued behind the reads, by (SSD tier
+#: directory, key): this process reads them from memory until they are written.
+_WRITING: dict[tuple[str, str], Held] = {}
+_WRITING_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_WRITING.clear)  # the child writes none of them
 
 
 class Held:
@@ -50,9 +66,11 @@ class Held:
 class WholeShards:
     """The SSD tier's whole shard objects of one store, as this process maps them."""
 
-    def __init__(self, url: str, tiers: TieredCache):
+    def __init__(self, url: str, tiers: TieredCache, behind: BehindBuilds | None = None):
         assert tiers.ssd is not None
         self.url, self.tiers = url, tiers
+        #: where a read's whole-shard writes go (None: written in the read)
+        self.behind = behind
         self.values = MappedValues(tiers.ssd)
         self._absent: set[str] = set()
 
@@ -66,6 +84,9 @@ class WholeShards:
         blocks of chunks ``wanted`` checked; None when the tier lacks it (remembered,
         unless ``again``: a recheck under the fill lock) or a check fails (dropped)."""
         key = self.key(obj)
+        writing = _WRITING.get((self.values.tier.directory, key))
+        if writing is not None:
+            return writing
         if not again and key in self._absent:
             return None
         got = self.values.get(key, lambda c: _index(self.url, layout, obj, c), again=again)
@@ -89,29 +110,56 @@ class WholeShards:
         if self.tiers.ssd.put(key, data, blocked=True):  # type: ignore[union-attr]
             self._absent.discard(key)
 
+    def put_behind(self, obj: str, held: Held, fds: list[int]) -> bool:
+        """Queue the SSD write of ``obj`` (fetched whole: ``held``) behind the reads,
+        with the node's fill lock ``fds``, which the write releases; False when there
+        is no room (the caller writes it and keeps the lock)."""
+        if self.behind is None:
+            return False
+        key = self.key(obj)
+        where = (self.values.tier.directory, key)
+
+        def write(done: Any) -> None:
+            try:
+                with FORK_GATE.held():  # SQLite and the file write
+                    self.put(obj, held.payload)
+            finally:
+                with _WRITING_LOCK:
+                    _WRITING.pop(where, None)
+                if self.tiers.fill_locks is not None:
+                    self.tiers.fill_locks.release(fds)
+
+        with _WRITING_LOCK:
+            _WRITING[where] = held
+        if self.behind.submit(key, write, len(held.payload)):
+            return True
+        with _WRITING_LOCK:
+            _WRITING.pop(where, None)
+        return False
+
     @contextlib.contextmanager
-    def first_free(self, objs: list[str]) -> Iterator[tuple[list[str], set[str]]]:
+    def first_free(self, objs: list[str]) -> Iterator[tuple[dict[str, list[int]], set[str]]]:
         """Hold the node's fill locks of the objects no other holder has now; yields
-        (those objects, the others).  A reader does not wait for another process's
-        whole-shard fetch: it reads its window's chunks around it."""
+        ({those objects: their lock descriptors}, the others).  A reader does not wait
+        for another process's whole-shard fetch: it reads its window's chunks around it.
+        The locks still in the dict are released on exit (take one out to keep it)."""
         locks = self.tiers.fill_locks
-        if locks is None:
-            yield list(objs), set()
-            return
-        held: list[int] = []
-        free: list[str] = []
+        free: dict[str, list[int]] = {}
         busy: set[str] = set()
+        if locks is None:
+            yield {obj: [] for obj in objs}, busy
+            return
         try:
             for obj in objs:
                 fds = locks.acquire([self.key(obj)], wait=False)
                 if fds is None:
                     busy.add(obj)
                 else:
-                    held += fds
-                    free.append(obj)
+                    free[obj] = fds
             yield free, busy
         finally:
-            locks.release(held)
+            for fds in free.values():
+                locks.release(fds)
 
     @contextlib.contextmanager
     def locked(self, objs: list[str]) -> Iterator[None]:

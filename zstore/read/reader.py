@@ -39,6 +39,7 @@ from zstore.format import (
     verified_tables,
 )
 from zstore.origin import Origin
+from zstore.read._builds import BehindBuilds
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
 from zstore.read._ram_shards import (
@@ -49,6 +50,7 @@ from zstore.read._ram_shards import (
     Pieces,
     ShardForm,
     chunk_pieces,
+    drop_reused_scratch,
     release_free_memory,
 )
 from zstore.read._zarr_store import CachedStore
@@ -144,8 +146,15 @@ class WindowReader:
             and resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
         )
         self.fetch = self._fetch_mode(resolved)
+        #: this process's one thread behind the reads: whole-shard SSD writes, RAM fills
+        self.behind = BehindBuilds(on_idle=drop_reused_scratch)
         self.source = ChunkSource(
-            self.url, self.origin, self.tiers, self.fetch, complete=self.manifest.all_chunks_written
+            self.url,
+            self.origin,
+            self.tiers,
+            self.fetch,
+            complete=self.manifest.all_chunks_written,
+            behind=self.behind,
         )
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
         self._records: dict[str, Any] = {}  # packed items' batch records, a few
@@ -154,7 +163,7 @@ class WindowReader:
         if self.tiers is not None and self.tiers.ram is not None:
             self.values = MappedValues(self.tiers.ram)
             kind = DecodedShards if self.tiers.ram_format == "decoded" else EncodedShards
-            self.form = kind(self.url, self.tiers, self.source, self.values)
+            self.form = kind(self.url, self.tiers, self.source, self.values, self.behind)
         self._lock = self.values.lock if self.values is not None else threading.Lock()
         self._group: Any = None
         self._pid = os.getpid()
@@ -279,9 +288,9 @@ class WindowReader:
         RAM tier (a read that first touches a shard, or admits one that displaces
         resident ones, is served from its chunks while a background thread builds the
         shard; see ``zstore.read._builds``).  False if ``timeout`` seconds passed first."""
-        if self._pid != os.getpid() or self.form is None:
+        if self._pid != os.getpid():
             return True
-        return self.form.behind.wait(timeout)
+        return self.behind.wait(timeout)
 
     def _trim(self) -> None:
         """Hand the heap back once the windows read as chunks since the last time have

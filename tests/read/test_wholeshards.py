@@ -223,3 +223,42 @@ def test_a_shard_fetched_whole_is_written_behind_the_read(small_store, tmp_path,
     fs.reset_counts()
     np.testing.assert_array_equal(fresh.read(item, {"wav": Span(0, 16000)})["wav"], got)
     assert fs.requests == 0  # mapped from the SSD tier
+
+
+def test_whole_shard_writes_do_not_hold_up_the_ram_fills(small_store, tmp_path, monkeypatch):
+    """The SSD writes of shards fetched whole have a queue and thread of their own: while
+    they wait, the RAM tier's fill of the same shard goes ahead, from the object in
+    memory (sharing one queue, the writes held the fills back into later epochs)."""
+    from zstore.read._ssd_shards import WholeShards
+
+    started, release = threading.Event(), threading.Event()
+    real = WholeShards._write
+
+    def held_write(self, *args):  # before it takes the fork gate, as a slow disk would
+        started.set()
+        assert release.wait(120)
+        return real(self, *args)
+
+    monkeypatch.setattr(WholeShards, "_write", held_write)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="64MB",
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="64MB",
+        fetch="shard",
+    )
+    item = "utt000001"
+    wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
+    reader = WindowReader(small_store, cache=cfg).open()
+    try:
+        got = reader.read(item, {"wav": Span(0, 16000)})["wav"]
+        assert started.wait(120)
+        assert reader.behind.wait(timeout=120)  # the RAM fill, while the write waits
+        stats = zstore.cache_stats(cfg)
+        assert stats["ssd"]["fills"] == 0
+        assert stats["ram"]["fills"] >= 1
+    finally:
+        release.set()
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
+    np.testing.assert_array_equal(got, wav[:, :16000])

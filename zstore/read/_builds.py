@@ -1,4 +1,4 @@
-"""Shard builds that run behind the reads, in one background thread per process.
+"""Shard builds that run behind the reads, in background threads of each process.
 
 Three kinds of build go there:
 
@@ -16,11 +16,10 @@ Three kinds of build go there:
   of reading; inline, the epoch after the first spent 58-79 ms of its ~280 ms in three
   such builds (one process, half the decoded bytes in RAM).
 
-- **Whole-shard SSD writes** (``fetch="shard"``): the read that fetches a shard object
-  whole hands it, with the node's fill lock for it, to this thread, which writes it to
-  the SSD tier and releases the lock; until then the process reads it from memory
-  (``zstore.read._ssd_shards``).  They are queued first, so a fill of the same shard
-  queued after it finds it written.
+- **Whole-shard SSD writes** (``fetch="shard"``), in a second queue and thread of their
+  own: the read that fetches a shard object whole hands it, with the node's fill lock
+  for it, to that thread, which writes it to the SSD tier and releases the lock; until
+  then the process reads it from memory (``zstore.read._ssd_shards``).
 
 A build runs on a core the reading process leaves idle, or (all cores busy) costs what
 it cost before.  The queue is bounded in shards and in bytes handed over; past that a
@@ -45,6 +44,11 @@ log = logging.getLogger("zstore")
 MAX_PENDING = 48
 #: Encoded bytes of the windows' chunks that queued fills hold (a few batches' worth).
 MAX_PENDING_BYTES = 64 * 2**20
+#: Shard objects fetched whole that queued SSD writes hold (about a batch's first
+#: touches of 7 MB shards).  They have a queue and a thread of their own: sharing the
+#: fills' (one thread, 48 shards, 64 MB), they took its room and the RAM tier's fills
+#: lagged into the epochs after the first (S3-like, one rank: epoch 2 at 0.5x).
+MAX_WRITE_BYTES = 128 * 2**20
 
 
 class _ForkGate:
@@ -80,8 +84,14 @@ FORK_GATE = _ForkGate()
 class BehindBuilds:
     """One background thread that runs builds, each key at most once at a time."""
 
-    def __init__(self, name: str = "zstore-build", on_idle: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        name: str = "zstore-build",
+        on_idle: Callable[[], None] | None = None,
+        max_bytes: int = MAX_PENDING_BYTES,
+    ):
         self.name = name
+        self.max_bytes = max_bytes
         #: run in the builder thread each time the queue drains (drop its scratch memory)
         self.on_idle = on_idle
         self.pending: set[str] = set()
@@ -102,7 +112,7 @@ class BehindBuilds:
 
     def _room(self, n: int, nbytes: int) -> bool:
         return len(self.pending) + n <= MAX_PENDING and (
-            nbytes == 0 or not self.pending or self.pending_bytes + nbytes <= MAX_PENDING_BYTES
+            nbytes == 0 or not self.pending or self.pending_bytes + nbytes <= self.max_bytes
         )
 
     def submit(

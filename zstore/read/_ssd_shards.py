@@ -26,6 +26,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -118,24 +119,24 @@ class WholeShards:
             return False
         key = self.key(obj)
         where = (self.values.tier.directory, key)
-
-        def write(done: Any) -> None:
-            try:
-                with FORK_GATE.held():  # SQLite and the file write
-                    self.put(obj, held.payload)
-            finally:
-                with _WRITING_LOCK:
-                    _WRITING.pop(where, None)
-                if self.tiers.fill_locks is not None:
-                    self.tiers.fill_locks.release(fds)
-
         with _WRITING_LOCK:
             _WRITING[where] = held
-        if self.behind.submit(key, write, len(held.payload)):
+        if self.behind.submit(key, partial(self._write, obj, held, fds), len(held.payload)):
             return True
         with _WRITING_LOCK:
             _WRITING.pop(where, None)
         return False
+
+    def _write(self, obj: str, held: Held, fds: list[int], done: Any) -> None:
+        """In the writes' thread: write ``obj`` to the SSD tier, release its lock."""
+        try:
+            with FORK_GATE.held():  # SQLite and the file write
+                self.put(obj, held.payload)
+        finally:
+            with _WRITING_LOCK:
+                _WRITING.pop((self.values.tier.directory, self.key(obj)), None)
+            if self.tiers.fill_locks is not None:
+                self.tiers.fill_locks.release(fds)
 
     @contextlib.contextmanager
     def first_free(self, objs: list[str]) -> Iterator[tuple[dict[str, list[int]], set[str]]]:

@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ from zstore.format import (
     verified_tables,
 )
 from zstore.origin import Origin
-from zstore.read._builds import BehindBuilds
+from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
 from zstore.read._ram_shards import (
@@ -146,15 +147,16 @@ class WindowReader:
             and resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
         )
         self.fetch = self._fetch_mode(resolved)
-        #: this process's one thread behind the reads: whole-shard SSD writes, RAM fills
+        #: this process's work behind the reads: RAM fills, and whole-shard SSD writes
         self.behind = BehindBuilds(on_idle=drop_reused_scratch)
+        self.writes = BehindBuilds("zstore-ssd-write", max_bytes=MAX_WRITE_BYTES)
         self.source = ChunkSource(
             self.url,
             self.origin,
             self.tiers,
             self.fetch,
             complete=self.manifest.all_chunks_written,
-            behind=self.behind,
+            behind=self.writes,
         )
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
         self._records: dict[str, Any] = {}  # packed items' batch records, a few
@@ -290,7 +292,11 @@ class WindowReader:
         shard; see ``zstore.read._builds``).  False if ``timeout`` seconds passed first."""
         if self._pid != os.getpid():
             return True
-        return self.behind.wait(timeout)
+        t0 = time.monotonic()
+        if not self.writes.wait(timeout):
+            return False
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
+        return self.behind.wait(left)
 
     def _trim(self) -> None:
         """Hand the heap back once the windows read as chunks since the last time have

@@ -267,3 +267,27 @@ def every_stripe_held():
     yield hold
     for fd in fds:
         os.close(fd)
+
+
+@pytest.fixture
+def hold(monkeypatch):
+    """``hold(cls, name)``: calls of that method wait for the ``release`` event it
+    returns with the ``started`` event each call sets (released at teardown too)."""
+    releases = []
+
+    def holding(cls, name):
+        started, release = threading.Event(), threading.Event()
+        real = getattr(cls, name)
+
+        def held(self, *args, **kwargs):
+            started.set()
+            assert release.wait(120)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, held)
+        releases.append(release)
+        return started, release
+
+    yield holding
+    for release in releases:
+        release.set()

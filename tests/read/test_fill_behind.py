@@ -22,30 +22,6 @@ SPANS = {"wav": Span(16000, 48000), "act": Span(100, 300)}
 
 
 @pytest.fixture
-def hold(monkeypatch):
-    """``hold(cls, name)``: calls of that method wait for the ``release`` event it
-    returns with the ``started`` event each call sets (released at teardown too)."""
-    releases = []
-
-    def holding(cls, name):
-        started, release = threading.Event(), threading.Event()
-        real = getattr(cls, name)
-
-        def held(self, *args, **kwargs):
-            started.set()
-            assert release.wait(120)
-            return real(self, *args, **kwargs)
-
-        monkeypatch.setattr(cls, name, held)
-        releases.append(release)
-        return started, release
-
-    yield holding
-    for release in releases:
-        release.set()
-
-
-@pytest.fixture
 def held_fills(hold):
     """Fills behind the reads wait for ``release`` (set it to let them run)."""
     return hold(ShardForm, "_finish_builds")

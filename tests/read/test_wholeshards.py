@@ -185,22 +185,13 @@ def test_ranges_read_around_a_shard_fetched_whole_are_neither_locked_nor_kept(
     assert zstore.cache_stats(cfg)["ssd"]["fills"] == 0
 
 
-def test_a_shard_fetched_whole_is_written_behind_the_read(small_store, tmp_path, monkeypatch):
+def test_a_shard_fetched_whole_is_written_behind_the_read(small_store, tmp_path, hold):
     """The read that fetches a shard whole returns before the shard is written to the
     SSD tier: the write runs behind the reads with the node's lock for the shard, this
     process reads the shard from memory meanwhile, and ``settle`` waits for it."""
     from zstore.read._ssd_shards import WholeShards
 
-    started, release = threading.Event(), threading.Event()
-    real = WholeShards.put
-
-    def held_put(self, obj, data):
-        if threading.current_thread() is not threading.main_thread():
-            started.set()
-            assert release.wait(120)
-        return real(self, obj, data)
-
-    monkeypatch.setattr(WholeShards, "put", held_put)
+    started, release = hold(WholeShards, "put")  # a read writing it would wait here
     cfg = ssd_only(tmp_path, fetch="shard")
     item = "utt000005"
     wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
@@ -225,21 +216,14 @@ def test_a_shard_fetched_whole_is_written_behind_the_read(small_store, tmp_path,
     assert fs.requests == 0  # mapped from the SSD tier
 
 
-def test_whole_shard_writes_do_not_hold_up_the_ram_fills(small_store, tmp_path, monkeypatch):
+def test_whole_shard_writes_do_not_hold_up_the_ram_fills(small_store, tmp_path, hold):
     """The SSD writes of shards fetched whole have a queue and thread of their own: while
     they wait, the RAM tier's fill of the same shard goes ahead, from the object in
     memory (sharing one queue, the writes held the fills back into later epochs)."""
     from zstore.read._ssd_shards import WholeShards
 
-    started, release = threading.Event(), threading.Event()
-    real = WholeShards._write
-
-    def held_write(self, *args):  # before it takes the fork gate, as a slow disk would
-        started.set()
-        assert release.wait(120)
-        return real(self, *args)
-
-    monkeypatch.setattr(WholeShards, "_write", held_write)
+    # held before it takes the fork gate, as a slow disk would hold it
+    started, release = hold(WholeShards, "_write")
     cfg = zstore.CacheConfig(
         ram_dir=tmp_path / "ram",
         ram_bytes="64MB",

@@ -130,12 +130,12 @@ class ShardForm(abc.ABC):
         tiers: TieredCache,
         source: ChunkSource,
         values: MappedValues,
-        behind: BehindBuilds | None = None,
+        behind: BehindBuilds,
     ):
         self.url, self.tiers, self.source, self.values = url, tiers, source, values
         self.ram = values.tier
         self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
-        self.behind = behind or BehindBuilds(on_idle=drop_reused_scratch)
+        self.behind = behind  # the reader's fills queue (zstore.read._builds)
         #: the builder thread's own chunk source: it fetches without the readers' lock
         self.builder_source = ChunkSource(
             source.url, source.origin, source.tiers, source.fetch, source.complete

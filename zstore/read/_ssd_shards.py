@@ -13,7 +13,7 @@ it reads the first time it reads them; a block that fails drops the value and th
 window's chunks are read the ordinary way.
 
 A read that fetches a shard whole does not write it in front of itself: the object is
-handed, with the node's fill lock for it, to the thread behind the reads
+handed, with the node's fill lock for it, to a thread of its own behind the reads
 (``zstore.read._builds``), which writes it and releases the lock.  Until then this
 process reads it from memory, and other processes read their windows' ranges around
 it.  On a cold NFS-like origin the write (a 7 MB shard per first touch) was most of
@@ -85,7 +85,7 @@ class WholeShards:
         blocks of chunks ``wanted`` checked; None when the tier lacks it (remembered,
         unless ``again``: a recheck under the fill lock) or a check fails (dropped)."""
         key = self.key(obj)
-        writing = _WRITING.get((self.values.tier.directory, key))
+        writing = _WRITING.get(self._slot(key))
         if writing is not None:
             return writing
         if not again and key in self._absent:
@@ -118,7 +118,7 @@ class WholeShards:
         if self.behind is None:
             return False
         key = self.key(obj)
-        where = (self.values.tier.directory, key)
+        where = self._slot(key)
         with _WRITING_LOCK:
             _WRITING[where] = held
         if self.behind.submit(key, partial(self._write, obj, held, fds), len(held.payload)):
@@ -127,6 +127,10 @@ class WholeShards:
             _WRITING.pop(where, None)
         return False
 
+    def _slot(self, key: str) -> tuple[str, str]:
+        """``key``'s place in ``_WRITING`` (two caches of one store share keys)."""
+        return self.values.tier.directory, key
+
     def _write(self, obj: str, held: Held, fds: list[int], done: Any) -> None:
         """In the writes' thread: write ``obj`` to the SSD tier, release its lock."""
         try:
@@ -134,7 +138,7 @@ class WholeShards:
                 self.put(obj, held.payload)
         finally:
             with _WRITING_LOCK:
-                _WRITING.pop((self.values.tier.directory, self.key(obj)), None)
+                _WRITING.pop(self._slot(self.key(obj)), None)
             if self.tiers.fill_locks is not None:
                 self.tiers.fill_locks.release(fds)
 

@@ -4,8 +4,10 @@ store read by other Zarr tools: zarr-python, TensorStore, xarray, a strict JSON 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import math
+import multiprocessing as mp
 from pathlib import Path
 
 import h5py
@@ -232,3 +234,53 @@ def test_xarray_opens_an_item_group(odd_store):
     assert plain.arrays["wav"].dims == ("wav_dim0", "wav_time")
     y = xr.open_zarr(dst.parent / "p.zarr", group="rec_000", consolidated=False)
     assert y["act"].dims == ("act_dim0", "act_time")
+
+
+class _Inline(cf.Executor):
+    """Runs each task as it is submitted, in this process: none is left for the
+    scanning process to take back, so every part goes through a worker's path."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: cf.Future = cf.Future()
+        future.set_running_or_notify_cancel()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def test_a_large_file_walked_in_parts_scans_as_one_walk(tmp_path, monkeypatch):
+    """A large local file is walked in parts (root-level links shared out to the
+    conversion's workers): aliases at the root and nested (their links listed again by
+    another part), soft, external and dangling links, a dataset at the root, strings
+    and attributes come out as one walk of the file gives them."""
+    from zstore.convert import _scan
+
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x/wav"] = np.zeros((2, 16000), np.float32)
+    src = speech(tmp_path / "l.h5", [0.5, 1.0, 1.5, 2.0], scaled)
+    with h5py.File(src, "a") as f:
+        f["rec_alias"] = f["rec_001"]  # the same group at the root, in another part
+        for k in range(3):
+            f[f"spk/a/utt{k}/wav"] = np.ones((2, 1600 * (k + 1)), np.float32)
+            f[f"spk/a/utt{k}"].attrs["k"] = k
+        f["spk/b"] = f["spk/a"]  # a nested alias in the same part
+        f["zz/again"] = f["spk/a"]  # and in a later part, whose walk lists its links
+        f["zz/one"] = f["spk/a/utt1"]
+        f["rec_soft/wav"] = h5py.SoftLink("/rec_000/wav")
+        f["rec_soft/act"] = h5py.SoftLink("/rec_000/act")
+        f["rec_soft_group"] = h5py.SoftLink("/rec_002")
+        f["rec_ext"] = h5py.ExternalLink(str(other), "/x")
+        f["rec_gone/wav"] = h5py.SoftLink("/nowhere")
+        f["at_root"] = np.zeros(3)
+        f["rec_003/text"] = "not numbers"
+    one = _scan.scan(src)
+    said = "\n".join(one[1])
+    for alias in ("rec_alias", "spk/b", "zz/again", "zz/one", "rec_soft_group"):
+        assert f"{alias}: the same group as" in said, said
+    monkeypatch.setattr(_scan, "SHARED_BYTES", 0)
+    monkeypatch.setattr(_scan, "SHARED_TASKS", 1000)  # a task per root-level link
+    assert _scan.scan(src, _Inline()) == one
+    with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:
+        assert _scan.scan(src, pool) == one  # rows pickled back from other processes
+    with pytest.raises(zstore.SourceError, match="changed while it was being scanned"):
+        _scan.walk_part(src, (1, 2, 3), [(b"rec_000", h5py.h5l.TYPE_HARD)])

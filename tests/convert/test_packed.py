@@ -235,6 +235,32 @@ def test_verify_finds_a_damaged_packed_shard(tmp_path):
         zstore.convert(src, dst, rates=RATES, workers=1, progress=False, verify=True)
 
 
+@pytest.mark.parametrize("pack_seconds", [10.0, 0.0], ids=["packed", "one group per item"])
+def test_verify_compares_values_where_the_bytes_differ(tmp_path, monkeypatch, pack_seconds):
+    """A store written at another compression level (zstd 3 before this release) or by
+    another Blosc build holds other bytes for the same values: it verifies.  A value
+    changed in the store, in a valid object, still fails, naming the item."""
+    from zstore.format import objects
+
+    items, attrs = short_items(12, seed=8)
+    src = write_items(tmp_path / "s.h5", items, attrs)
+    kw = dict(rates=RATES, codec="zstd", workers=1, progress=False, pack_seconds=pack_seconds)
+    now = tmp_path / "now.zarr"
+    zstore.convert(src, now, **kw)
+    old = tmp_path / "old.zarr"
+    monkeypatch.setitem(objects.CODEC_CONFIG, "zstd", {**objects.CODEC_CONFIG["zstd"], "clevel": 9})
+    zstore.convert(src, old, **kw)
+    monkeypatch.undo()
+    wav = "zstore_packed/0/wav" if pack_seconds else "spk00/utt00000/wav"
+    shard = next(p for p in sorted(Path(old, wav, "c").rglob("*")) if p.is_file())
+    assert shard.read_bytes() != (now / shard.relative_to(old)).read_bytes()
+    assert zstore.convert(src, old, verify=True, **kw).verified
+    array = zarr.open_group(old, mode="r+")[wav]
+    array[0, 3] = np.float32(0.123)  # the first item's fourth sample, a valid object
+    with pytest.raises(StoreFormatError, match="spk00/utt00000/wav"):
+        zstore.convert(src, old, verify=True, **kw)
+
+
 def test_append_adds_shards_and_rewrites_none(tmp_path, cache):
     first, attrs1 = short_items(40, seed=6, prefix="a")
     second, attrs2 = short_items(25, seed=7, prefix="b")
@@ -459,8 +485,8 @@ def test_low_level_attributes_equal_h5pys(tmp_path):
 def test_a_source_rewritten_after_the_scan_is_read_through_hdf5(tmp_path):
     """Datasets are copied straight out of the file at the offsets the scan found only
     while the file is the one scanned; a rewritten one (other offsets) is read by HDF5."""
-    from zstore.convert._packing import read_items
-    from zstore.convert._source import scan
+    from zstore.convert._read import read_items
+    from zstore.convert._scan import scan
 
     src = tmp_path / "s.h5"
     old, _ = short_items(3, seed=15)

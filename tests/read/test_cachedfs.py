@@ -37,13 +37,13 @@ def cached(tmp_path, options, **kw):
 def h5_digest(f) -> str:
     digest = hashlib.sha256()
     with h5py.File(f, "r") as h5:
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                digest.update(name.encode())
-                digest.update(np.ascontiguousarray(obj[()]).tobytes())
-
-        h5.visititems(visit)
+        names: list[str] = []
+        h5.visititems(
+            lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None
+        )
+        for name in names:  # read after the visit: h5py holds its lock through a visit
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(h5[name][()]).tobytes())
     return digest.hexdigest()
 
 

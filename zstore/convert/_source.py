@@ -35,8 +35,9 @@ class SourceItem:
     #: per dataset stored contiguously, uncompressed, in the file itself: the byte
     #: offset of its data (read directly, without HDF5's read machinery)
     offsets: dict[str, int] = field(default_factory=dict)
-    #: the names that have HDF5 attributes ("" for the group); None: not known
-    with_attrs: frozenset[str] | None = None
+    #: how many HDF5 attributes each name has ("" for the group), those with any;
+    #: None: not known
+    with_attrs: dict[str, int] | None = None
     #: the file's (size, mtime_ns, inode) when ``offsets`` were found: they are used
     #: only while the file is unchanged
     identity: tuple[int, int, int] | None = None
@@ -76,155 +77,6 @@ def open_source(src: str | os.PathLike[str]) -> h5py.File:
             f"{path}: cannot be read as HDF5 ({str(e).splitlines()[0]}); the file may be "
             "truncated or corrupt: re-copy it from its source"
         ) from None
-
-
-def scan(src: str | os.PathLike[str]) -> tuple[list[SourceItem], list[str]]:
-    """List the items of ``src`` and what is left out, with why: non-numeric datasets,
-    external and dangling links, and groups reached under a second name (aliases).
-
-    Uses h5py's low-level API: one visit of the file's links, then each object's header
-    opened once (about 4x faster than the high-level ``visititems``, which builds a
-    Group or Dataset object for every name; small items are mostly scan)."""
-    items: list[SourceItem] = []
-    skipped: list[str] = []
-    path = os.fspath(src)
-    identity = None
-    with open_source(path) as f:
-        if not is_url(path):  # the file as scanned: its datasets' offsets hold for it
-            try:
-                st = os.fstat(f.id.get_vfd_handle())
-                identity = (st.st_size, st.st_mtime_ns, st.st_ino)
-            except (OSError, TypeError, ValueError):
-                identity = None  # not a plain file descriptor: read through HDF5
-        try:
-            found, left, aliases, direct, attrs = _datasets(f.id)
-        except (OSError, RuntimeError, KeyError) as e:
-            raise SourceError(
-                f"{path}: reading the file failed ({e}); it may be truncated or corrupt: re-copy it"
-            ) from None
-    skipped += left
-    skipped += [
-        f"{alias}: the same group as '{target}' (a link): converted once, as '{target}'"
-        for alias, target in sorted(aliases.items())
-    ]
-    groups: dict[str, list[tuple[str, tuple[int, ...], np.dtype]]] = {}
-    for full, shape, dtype in found:
-        group, _, key = full.rpartition("/")
-        if not group:
-            skipped.append(f"/{key}: dataset at the file's root, not in a group")
-        elif dtype.kind not in NUMERIC_KINDS or dtype.names:
-            skipped.append(f"{group}/{key}: non-numeric dtype {dtype}")
-        else:
-            groups.setdefault(group, []).append((key, shape, dtype))
-    for name, arrays in groups.items():
-        arrays.sort(key=lambda a: a[0])
-        where = {k: direct.get(f"{name}/{k}") for k, _, _ in arrays}
-        items.append(
-            SourceItem(
-                name,
-                {k: s for k, s, _ in arrays},
-                {k: d for k, _, d in arrays},
-                sum(math.prod(s) * d.itemsize for _, s, d in arrays),
-                path,
-                name,
-                {k: o for k, o in where.items() if o is not None},
-                frozenset(
-                    k for k in ("", *(a[0] for a in arrays)) if f"{name}/{k}".rstrip("/") in attrs
-                ),
-                identity,
-            )
-        )
-    if not items:
-        raise SourceError(f"{path}: holds no groups with numeric datasets; nothing to convert")
-    items.sort(key=lambda it: it.name)
-    return items, skipped
-
-
-def _datasets(
-    fid: Any,
-) -> tuple[
-    list[tuple[str, tuple[int, ...], np.dtype]], list[str], dict[str, str], dict[str, int], set[str]
-]:
-    """(path, shape, dtype) of every dataset in the file, what was left out and why, the
-    groups reached under a second name (alias -> the name it is converted under), the
-    byte offsets of datasets stored contiguously in the file, and the paths of the
-    objects that have attributes.
-
-    Walks the file's links, each once: a group hard-linked under several names is
-    converted under its first name in name order and the others are aliases; a soft
-    link to a dataset is that dataset under the link's name, one to a group an alias;
-    external and dangling links are left out, named with their target."""
-    datasets: list[tuple[str, tuple[int, ...], np.dtype]] = []
-    skipped: list[str] = []
-    aliases: dict[str, str] = {}
-    groups: dict[int, str] = {}
-    links: list[tuple[bytes, int]] = []
-    found: list[bytes] = []  # the datasets, described after the walk
-    direct: dict[str, int] = {}
-    attrs: set[str] = set()
-    fid.links.visit(lambda name, info: links.append((name, info.type)), info=True)
-    for raw, kind in links:
-        name = raw.decode("utf-8", "surrogateescape")
-        if kind == h5py.h5l.TYPE_EXTERNAL:
-            target_file, target = (
-                x.decode("utf-8", "surrogateescape") for x in fid.links.get_val(raw)
-            )
-            skipped.append(
-                f"{name}: external link to {target_file}:{target} (not followed: "
-                "give that file as a source too)"
-            )
-            continue
-        try:
-            info = h5py.h5o.get_info(fid, raw)
-        except (KeyError, RuntimeError, OSError):
-            target = (
-                fid.links.get_val(raw).decode("utf-8", "surrogateescape")
-                if kind == h5py.h5l.TYPE_SOFT
-                else "?"
-            )
-            skipped.append(f"{name}: soft link to {target}, which does not exist")
-            continue
-        if info.num_attrs:
-            attrs.add(name)
-        if info.type == h5py.h5o.TYPE_GROUP:
-            if info.addr in groups:
-                aliases[name] = groups[info.addr]
-            elif kind == h5py.h5l.TYPE_SOFT:  # the group is reached under its own name
-                target = fid.links.get_val(raw).decode("utf-8", "surrogateescape")
-                aliases[name] = target.strip("/")
-            else:
-                groups[info.addr] = name
-        elif info.type == h5py.h5o.TYPE_DATASET:
-            found.append(raw)
-    for raw, (shape, dtype, offset) in zip(found, _described(fid, found)):
-        name = raw.decode("utf-8", "surrogateescape")
-        datasets.append((name, shape, dtype))
-        if offset is not None:
-            direct[name] = offset
-    return datasets, skipped, aliases, direct, attrs
-
-
-def _described(f: Any, names: list[bytes]) -> list[tuple[tuple[int, ...], np.dtype, int | None]]:
-    """Shape, dtype and (when contiguous in the file) data offset of each dataset of
-    ``names`` in the h5py file id ``f``."""
-    out = []
-    for raw in names:
-        ds = h5py.h5d.open(f, raw)
-        out.append((ds.shape, ds.dtype, _contiguous(ds)))
-    return out
-
-
-def _contiguous(ds: Any) -> int | None:
-    """The file offset of a dataset's data when it is stored contiguously in the file
-    itself, every byte of it written (no chunks, filters or external files); else None."""
-    try:  # HDF5 has no offset for chunked, compact, virtual or external storage
-        offset = ds.get_offset()
-        nbytes = math.prod(ds.shape) * ds.dtype.itemsize
-        if offset is None or not nbytes or ds.get_storage_size() != nbytes:
-            return None
-        return int(offset)
-    except (OSError, RuntimeError, ValueError, TypeError):
-        return None
 
 
 def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
@@ -304,33 +156,16 @@ def time_axes(
     return out
 
 
-def scan_all(files: list[str]) -> tuple[list[SourceItem], list[str]]:
-    """The items of every file; with several, named ``<file stem>/<group path>``."""
-    from zstore.convert._corpus import stems
-
-    if len(files) == 1:
-        return scan(files[0])
-    prefix = stems(files)
-    items: list[SourceItem] = []
-    skipped: list[str] = []
-    for f in files:
-        found, left = scan(f)
-        for it in found:
-            it.name = f"{prefix[f]}/{it.group}"
-        items += found
-        skipped += [f"{prefix[f]}:{s}" for s in left]
-    items.sort(key=lambda it: it.name)
-    return items, skipped
-
-
 def plan(
     src: str | os.PathLike[str] | list[str],
     rates: dict[str, float | None] | None,
     time_axis: int | dict[str, int] = -1,
     optional: bool = False,
+    pool: Any = None,
 ) -> SourcePlan:
     """Scan the source file(s) and decide the rate of every array; raise on
-    contradictions.  ``rates`` maps a name to samples per second, or to None for an
+    contradictions.  ``pool``: worker processes that may share the scan of a large
+    file (:func:`zstore.convert._scan.scan`).  ``rates`` maps a name to samples per second, or to None for an
     array to store whole (no time axis) whatever its shape.  ``optional``: ``rates`` and
     a ``time_axis`` dict may name arrays the files lack (an append's new items need not
     have every array of the store).
@@ -341,7 +176,9 @@ def plan(
     and which ``--rate`` to give if it is a time array."""
     files = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else list(src)
     path = files[0] if len(files) == 1 else f"{len(files)} sources ({files[0]}, ...)"
-    items, skipped = scan_all(files)
+    from zstore.convert._scan import scan_all  # it builds on this module
+
+    items, skipped = scan_all(files, pool)
     names = _check_same_arrays(items, path)
     given = dict(rates or {})
     if optional:
@@ -396,7 +233,7 @@ def plan(
         longest = max(names, key=length)
         raise SourceError(
             f"{path}: no --rate given, so no array has a time axis and no window could be "
-            f"read; name the time arrays' rated in samples per second, e.g. "
+            f"read; give the time arrays' rates in samples per second, e.g. "
             f"--rate {longest}=16000 (arrays of '{first.name}': {shapes}; arrays with a "
             "whole-number length ratio to a rated one in items of different lengths get "
             "their rate inferred)"

@@ -11,10 +11,9 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
 
 from zstore.convert._corpus import expand_sources
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
@@ -39,6 +38,9 @@ from zstore.format import (
 )
 from zstore.units import format_size
 from zstore.urls import store_bytes, zarr_store
+
+if TYPE_CHECKING:
+    import zarr
 
 #: What a store's objects look like; part of a conversion's fingerprint, so a store that
 #: an older zstore began is not resumed with another layout.  2: every chunk is written;
@@ -200,6 +202,8 @@ def _prepare_destination(
 ) -> tuple[zarr.Group | None, bool]:
     """Open or create the root (None when the store is already finished), and whether
     it was created just now."""
+    import zarr  # here: ~0.2 s to import, and the converter's workers import this module
+
     store = zarr_store(dst, storage_options, read_only=False)
     try:
         root: zarr.Group | None = zarr.open_group(store, mode="r+")
@@ -311,7 +315,7 @@ def convert(
     wanted = workers or os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         pool = None if dask is not None else stack.enter_context(local_pool(wanted))
-        source = plan(files, rates, time_axis)
+        source = plan(files, rates, time_axis, pool=pool)
         source.arrays = with_precision(source.arrays, _dtypes(source), stated, src)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)
@@ -444,7 +448,8 @@ def with_dtypes(source: SourcePlan) -> dict[str, ArrayInfo]:
     dtypes: dict[str, str] = {}
     for it in source.items:
         for name, dt in it.dtypes.items():
-            dtypes.setdefault(name, data_type(np.dtype(dt)))
+            if name not in dtypes:
+                dtypes[name] = data_type(np.dtype(dt))
     return {n: dataclasses.replace(a, dtype=dtypes.get(n)) for n, a in source.arrays.items()}
 
 

@@ -26,7 +26,9 @@ CODEC_CONFIG = {
     "zstd": {
         "typesize": None,
         "cname": "zstd",
-        "clevel": 3,
+        # 2, not 3: as small within 0.5% on int16-valued and rounded float audio, and
+        # 1.4-1.7x faster to write (the most of a short item's conversion)
+        "clevel": 2,
         "shuffle": "bitshuffle",
         "blocksize": 0,
     },

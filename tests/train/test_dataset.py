@@ -206,3 +206,23 @@ def test_an_item_list_that_cannot_be_read_is_one_clear_error(small_store, tmp_pa
     with pytest.raises(zstore.ConfigError, match=words) as e:
         zstore.WindowDataset(small_store, window_seconds=1.0, cache=False, items=path)
     assert "bad.pkl" in str(e.value) and "pickled list or tuple" in str(e.value)
+
+
+def test_an_items_covered_length_is_the_same_one_at_a_time():
+    """An item's length (the frames every time array covers) is computed alone on each
+    read, and for many items at once when a dataset opens: both give the same, with
+    whole-number and other rate ratios."""
+    from zstore.train.dataset import _Lengths
+
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 5000, 400)
+    lengths = {
+        "act": frames,
+        "wav": frames * 160 - rng.integers(0, 320, 400).clip(0, None),
+        "emg": np.floor(frames * 2.56).astype(np.int64) - rng.integers(0, 3, 400),
+    }
+    rates = {"act": 100.0, "wav": 16000.0, "emg": 256.0}
+    table = _Lengths(lengths, rates, "act")
+    together = table[np.arange(400)]
+    assert [table[i] for i in range(400)] == together.tolist()
+    assert isinstance(table[np.int64(7)], int)

@@ -28,6 +28,7 @@ from zstore.cache.files import fix_file
 ROWS = 4
 HEADER = 16  # uint64 accesses since the last halving, uint64 period
 MIN_PERIOD = 4096
+KNOWN_KEYS = 1 << 16  # keys whose counters a sketch remembers (cleared when full)
 
 
 def sketch_width(budget: int) -> int:
@@ -63,6 +64,7 @@ class FrequencySketch:
         self._map: mmap.mmap | None = None
         self._counts: memoryview | None = None
         self._head: memoryview | None = None
+        self._known: dict[str | bytes, tuple[int, ...]] = {}  # keys' counters, this width
         self._width = 0
         self._fd = -1
 
@@ -107,10 +109,17 @@ class FrequencySketch:
         self._head = memoryview(self._map)[:HEADER].cast("Q")
         self._counts = memoryview(self._map)[HEADER:].cast("H")
         self._width = width
+        self._known.clear()
         return True
 
     def _slots(self, key: str | bytes) -> tuple[int, ...]:
-        return _slots(key if isinstance(key, bytes) else str(key).encode(), self._width)
+        found = self._known.get(key)  # a RAM hit touches its key: skip encoding it
+        if found is None:
+            if len(self._known) >= KNOWN_KEYS:
+                self._known.clear()
+            raw = key if isinstance(key, bytes) else str(key).encode()
+            found = self._known[key] = _slots(raw, self._width)
+        return found
 
     def touch(self, key: str) -> None:
         """Count one access of ``key``."""

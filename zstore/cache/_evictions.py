@@ -30,11 +30,12 @@ class EvictionLog:
         self.path = os.path.join(directory, "evicted.ring")
         self._pid = -1
         self._ring: np.ndarray | None = None
+        self._head: memoryview | None = None
 
     def _open(self) -> np.ndarray | None:
         if self._pid == os.getpid():
             return self._ring
-        self._pid, self._ring = os.getpid(), None
+        self._pid, self._ring, self._head = os.getpid(), None, None
         try:
             if make_dir(os.path.dirname(self.path)) is not None:
                 return None
@@ -46,11 +47,15 @@ class EvictionLog:
             self._ring = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(SLOTS + 1,))
         except (OSError, ValueError):
             self._ring = None  # without the log, evicted maps go when the map LRU drops them
+        self._head = memoryview(self._ring)[:1] if self._ring is not None else None  # type: ignore[arg-type]
         return self._ring
 
     def head(self) -> int:
-        ring = self._open()
-        return int(ring[0]) if ring is not None else 0
+        """The ring's head (every RAM hit checks it: read through a memoryview, ~0.1 us,
+        not numpy's scalar indexing, ~1 us)."""
+        if self._pid != os.getpid():
+            self._open()
+        return self._head[0] if self._head is not None else 0
 
     def record(self, inodes: list[int]) -> None:
         ring = self._open()

@@ -56,25 +56,33 @@ class Stats:
         self.directory = directory
         self._pid = -1
         self._counts: np.ndarray = np.zeros(_SLOTS, dtype=np.int64)
+        # the counters as a memoryview: an increment is on every RAM hit's path, and
+        # through it costs ~0.1 us, not ~1 us through numpy's scalar indexing
+        self._view = memoryview(self._counts)  # type: ignore[arg-type]
 
     def _open(self) -> np.ndarray:
         if self._pid == os.getpid():
             return self._counts
         self._pid = os.getpid()
-        self._counts = np.zeros(_SLOTS, dtype=np.int64)
+        self._counts = self._made()
+        self._view = memoryview(self._counts)  # type: ignore[arg-type]
+        return self._counts
+
+    def _made(self) -> np.ndarray:
+        """This process's counters: a file in the directory, or memory only."""
+        counts = np.zeros(_SLOTS, dtype=np.int64)
         if self.directory is None:
-            return self._counts
+            return counts
         try:
             if make_dir(self.directory) is not None:
-                return self._counts  # not a safe place: count in memory only
+                return counts  # not a safe place: count in memory only
             fold(self.directory)
             path = os.path.join(self.directory, f"{self._pid}-{os.urandom(4).hex()}.bin")
             with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
                 f.write(bytes(8 * _SLOTS))
-            self._counts = np.memmap(path, dtype=np.int64, mode="r+", shape=(_SLOTS,))
+            return np.memmap(path, dtype=np.int64, mode="r+", shape=(_SLOTS,))
         except OSError:
-            pass  # counting in memory is fine; the cache must not fail over its stats
-        return self._counts
+            return counts  # counting in memory is fine; the cache must not fail over its stats
 
     def __getstate__(self) -> dict[str, Any]:
         return {"directory": self.directory}
@@ -83,7 +91,9 @@ class Stats:
         type(self).__init__(self, state["directory"])
 
     def add(self, name: str, n: int = 1) -> None:
-        self._open()[_INDEX[name]] += n
+        if self._pid != os.getpid():
+            self._open()
+        self._view[_INDEX[name]] += n
 
 
 def _read(path: str) -> np.ndarray:

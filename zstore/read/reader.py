@@ -510,6 +510,8 @@ def _assemble(
             f"does not fit the batch slot of shape {out.shape} ({out.dtype}); "
             "items of a batch need the same shape apart from time"
         )
+    if not stream and not span.pad and _one_piece(layout, span, pieces, out):
+        return out
     dst = [slice(None)] * len(shape)
     src = [slice(None)] * len(shape)
     parts: list[tuple[int, int]] = []
@@ -542,9 +544,27 @@ def _assemble(
     return out
 
 
+def _one_piece(layout: ArrayLayout, span: Span, pieces: Pieces, out: np.ndarray) -> bool:
+    """Copy ``span`` into ``out`` when one decoded piece holds all of it (a whole short
+    item, most windows): one slice, no bookkeeping of parts.  False: not the case."""
+    for (path, _), (offset, arr) in pieces.items():
+        if path != layout.path or isinstance(arr, Lazy):
+            continue
+        axis = layout.time_axis
+        if offset <= span.start and span.stop <= offset + arr.shape[axis]:
+            index: list[Any] = [slice(None)] * arr.ndim
+            index[axis] = slice(span.start - offset, span.stop - offset)
+            out[...] = arr[tuple(index)]
+            return True
+    return False
+
+
 def _covered(parts: list[tuple[int, int]]) -> int:
     """Samples in the union of ``[lo, hi)`` intervals (pieces of one value may overlap:
     a shard mapped for one window of a batch and its chunks read for another)."""
+    if len(parts) == 1:  # a window in one piece: most of them
+        lo, hi = parts[0]
+        return max(0, hi - lo)
     total, end = 0, None
     for lo, hi in sorted(parts):
         if end is not None and lo < end:

@@ -159,9 +159,19 @@ class _Lengths:
         return len(self.lengths[self.coarse])
 
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, (int, np.integer)):
-            part = {n: np.asarray([v[key]]) for n, v in self.lengths.items()}
-            return int(common_lengths(part, self.rates, self.coarse)[0])
+        if isinstance(key, (int, np.integer)):  # one item, on every read: in Python
+            base = self.rates[self.coarse]
+            out = int(self.lengths[self.coarse][key])
+            for name, rate in self.rates.items():
+                if name != self.coarse:
+                    n, ratio = int(self.lengths[name][key]), rate / base
+                    covered = (
+                        n // int(ratio)
+                        if float(ratio).is_integer()
+                        else math.floor(n / ratio + 1e-9)
+                    )
+                    out = min(out, covered)
+            return out
         return common_lengths({n: v[key] for n, v in self.lengths.items()}, self.rates, self.coarse)
 
 

@@ -522,3 +522,55 @@ def test_import_zstore_leaves_torch_to_the_training_names():
         [PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
+def test_window_loader_reads_packed_windows_whole_and_padded(tmp_path, monkeypatch, ram_format):
+    """Batches of 1 s windows of 0.1-1 s packed items (padded with zeros past their
+    end, some items beginning in one shard and ending in the next): bit-identical to
+    the source, cold and once every shard is mapped in this process, when the decoded
+    shards serve each batch's windows as one slice each (``_packed_batch``)."""
+    from zstore.read import reader as reader_module
+    from zstore.read._packed_batch import packed_batch
+
+    items, attrs = short_items(300, seed=21)
+    src = write_items(tmp_path / "s.h5", items, attrs)
+    dst = str(tmp_path / "p.zarr")
+    zstore.convert(src, dst, rates=RATES, workers=1, progress=False, chunk_seconds=0.25)
+    served: list[bool] = []
+
+    def spy(*args):
+        jobs = packed_batch(*args)
+        served.append(jobs is not None)
+        return jobs
+
+    monkeypatch.setattr(reader_module, "packed_batch", spy)
+    cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format)
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=cache, short="pad", seed=2)
+    manifest = ds.reader.open().manifest
+    layout = ds.reader.pack_layout(manifest.packs[0], "wav")
+    ends = [  # items that begin in one shard of the pack's wav and end in the next
+        p
+        for p in range(len(manifest.items))
+        if (o := manifest.placement.offsets["wav"][p]) // layout.shard
+        != (o + manifest.shapes["wav"][p][1] - 1) // layout.shard
+    ]
+    assert ends, "no item crosses a shard boundary: the test would not cover it"
+    loader = zstore.WindowLoader(ds, batch_size=16, shuffle=True)
+    for epoch in range(2):
+        served.clear()
+        loader.set_epoch(epoch)
+        seen = 0
+        for batch in loader:
+            for j, name in enumerate(batch["item"]):
+                for key, per_frame in (("wav", 160), ("act", 1)):
+                    want = items[name][key]
+                    got = batch[key][j].numpy()
+                    n = want.shape[1]
+                    np.testing.assert_array_equal(got[:, :n], want, err_msg=f"{name}/{key}")
+                    assert not got[:, n:].any(), f"{name}/{key}: samples past its end"
+                    assert got.shape[1] == 100 * per_frame
+                seen += 1
+        assert seen == len(ds) == 300
+        ds.settle(timeout=120)
+    assert all(served) is (ram_format == "decoded")  # warm: every batch from the maps

@@ -225,6 +225,17 @@ class Tier:
             self.stats.add(f"{self.name}_hit_bytes", hit_bytes)
         return out
 
+    def holds(self, key: str) -> bool:
+        """Whether the tier holds ``key`` now (nothing counted, nothing read)."""
+        cache = self._open()
+        if cache is None:
+            return False
+        try:
+            return key in cache
+        except Exception as e:
+            self._warn("lookup failed", e)
+            return False
+
     def get_mapped(self, key: str, *, count_miss: bool = True) -> tuple[Checked, str, int] | None:
         """Map ``key``'s value read-only: (checked payload, file path, inode), or None.
 

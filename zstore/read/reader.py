@@ -43,6 +43,7 @@ from zstore.origin import Origin
 from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
+from zstore.read._packed_batch import packed_batch
 from zstore.read._ram_shards import (
     TRIM_AFTER,
     DecodedShards,
@@ -329,6 +330,11 @@ class WindowReader:
         the batch is full, not right away.  Each window is ``(item, spans, position)``,
         the position in the manifest when the caller knows it (else None)."""
         self.open()
+        with self._lock:
+            packed = packed_batch(self, windows, outs)
+        if packed is not None:  # windows of packed short items, their shards mapped
+            (copy or _run_all)(packed)
+            return
         jobs: list[Callable[[], None]] = []
         with self._lock:
             plans = [self._plan(item, spans, position) for item, spans, position in windows]
@@ -510,7 +516,7 @@ def _assemble(
             f"does not fit the batch slot of shape {out.shape} ({out.dtype}); "
             "items of a batch need the same shape apart from time"
         )
-    if not stream and not span.pad and _one_piece(layout, span, pieces, out):
+    if _one_piece(layout, span, pieces, out, stream):
         return out
     dst = [slice(None)] * len(shape)
     src = [slice(None)] * len(shape)
@@ -544,17 +550,28 @@ def _assemble(
     return out
 
 
-def _one_piece(layout: ArrayLayout, span: Span, pieces: Pieces, out: np.ndarray) -> bool:
-    """Copy ``span`` into ``out`` when one decoded piece holds all of it (a whole short
-    item, most windows): one slice, no bookkeeping of parts.  False: not the case."""
+def _one_piece(
+    layout: ArrayLayout, span: Span, pieces: Pieces, out: np.ndarray, stream: bool
+) -> bool:
+    """Copy ``span`` into ``out`` (zeros after it) when one decoded piece holds all of
+    it (a whole short item, most windows): one slice, no bookkeeping of parts.  False:
+    not the case, nothing done."""
+    axis = layout.time_axis
     for (path, _), (offset, arr) in pieces.items():
         if path != layout.path or isinstance(arr, Lazy):
             continue
-        axis = layout.time_axis
         if offset <= span.start and span.stop <= offset + arr.shape[axis]:
-            index: list[Any] = [slice(None)] * arr.ndim
-            index[axis] = slice(span.start - offset, span.stop - offset)
-            out[...] = arr[tuple(index)]
+            src: list[Any] = [slice(None)] * arr.ndim
+            src[axis] = slice(span.start - offset, span.stop - offset)
+            dst: list[Any] = [slice(None)] * out.ndim
+            dst[axis] = slice(0, span.stop - span.start)
+            if stream:
+                copy_streamed(out[tuple(dst)], arr[tuple(src)])
+            else:
+                out[tuple(dst)] = arr[tuple(src)]
+            if span.pad:
+                dst[axis] = slice(span.stop - span.start, None)
+                out[tuple(dst)] = 0
             return True
     return False
 

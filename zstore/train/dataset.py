@@ -300,6 +300,14 @@ class WindowDataset(torch.utils.data.Dataset):
         )
         self._items = manifest.items
         self._field_lengths = {n: manifest.lengths[n] for n in timed}
+        # per field, how a window on the coarsest grid maps to its own: a whole-number
+        # ratio (a window then ends within the field: the item's length is what every
+        # field covers), or None (the field's own length bounds it), or no time axis
+        self._rules: list[tuple[str, int | None, float | None]] = []
+        for n in names:
+            ratio = self._rates[n] / rate if n in self._rates else None
+            whole = int(ratio) if ratio is not None and float(ratio).is_integer() else None
+            self._rules.append((n, whole, ratio))
         if self._coarse is None:
             self._lengths: Any = np.zeros(len(manifest.items), dtype=np.int64)
         else:
@@ -483,16 +491,19 @@ class WindowDataset(torch.utils.data.Dataset):
     def _spans(self, w: Window) -> dict[str, Span | None]:
         spans: dict[str, Span | None] = {}
         coarse_rate = self._rates.get(self._coarse, 1.0) if self._coarse else 1.0
-        for name in self._names:
-            rate = self._rates.get(name)
-            if rate is None or self._window is None:  # whole arrays
+        for name, whole, ratio in self._rules:
+            if ratio is None or self._window is None:  # whole arrays
                 spans[name] = None
-                continue
-            start = scale(w.start, coarse_rate, rate)
-            stop = scale(w.start + w.take, coarse_rate, rate)
-            total = scale(w.take + w.pad, coarse_rate, rate)
-            stop = min(stop, int(self._field_lengths[name][w.item]))  # rounding, non-integer ratios
-            spans[name] = Span(start, stop, total - (stop - start))
+            elif whole is not None:  # exact; ends within the field (see _rules)
+                start, stop = w.start * whole, (w.start + w.take) * whole
+                spans[name] = Span(start, stop, (w.take + w.pad) * whole - (stop - start))
+            else:
+                rate = self._rates[name]
+                start = scale(w.start, coarse_rate, rate)
+                stop = scale(w.start + w.take, coarse_rate, rate)
+                total = scale(w.take + w.pad, coarse_rate, rate)
+                stop = min(stop, int(self._field_lengths[name][w.item]))  # rounding
+                spans[name] = Span(start, stop, total - (stop - start))
         return spans
 
     def __getitem__(self, i: int | tuple[int, int]) -> dict[str, Any]:

@@ -46,6 +46,9 @@ def test_tiers_are_created_private(small_store, tmp_path):
     try:
         ds = zstore.WindowDataset(small_store, window_seconds=2.0, cache=cfg)
         got = windows(ds)
+        # the fills behind the reads are done: a value file is chmod-ed right after
+        # diskcache creates it, and a scan between the two saw the umask's mode
+        assert ds.settle(timeout=300)
     finally:
         os.umask(old)
     assert got == windows(zstore.WindowDataset(small_store, window_seconds=2.0, cache=False))

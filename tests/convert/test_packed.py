@@ -524,27 +524,40 @@ def test_import_zstore_leaves_torch_to_the_training_names():
     assert proc.returncode == 0, proc.stderr
 
 
+def _served_by(monkeypatch, name: str) -> list[bool]:
+    """Whether each call of ``zstore.read._packed_batch.<name>``, as the reader makes
+    it, served its windows (returned something)."""
+    from zstore.read import _packed_batch
+    from zstore.read import reader as reader_module
+
+    real, served = getattr(_packed_batch, name), []
+
+    def spy(*args):
+        found = real(*args)
+        served.append(found is not None)
+        return found
+
+    monkeypatch.setattr(reader_module, name, spy)
+    return served
+
+
+def _small_packed(tmp_path, n: int, seed: int):
+    """``n`` short items packed with 0.25 s chunks (so some end in the next shard)."""
+    items, attrs = short_items(n, seed=seed)
+    src = write_items(tmp_path / "s.h5", items, attrs)
+    dst = str(tmp_path / "p.zarr")
+    zstore.convert(src, dst, rates=RATES, workers=1, progress=False, chunk_seconds=0.25)
+    return items, dst
+
+
 @pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
 def test_window_loader_reads_packed_windows_whole_and_padded(tmp_path, monkeypatch, ram_format):
     """Batches of 1 s windows of 0.1-1 s packed items (padded with zeros past their
     end, some items beginning in one shard and ending in the next): bit-identical to
     the source, cold and once every shard is mapped in this process, when the decoded
     shards serve each batch's windows as one slice each (``_packed_batch``)."""
-    from zstore.read import reader as reader_module
-    from zstore.read._packed_batch import packed_batch
-
-    items, attrs = short_items(300, seed=21)
-    src = write_items(tmp_path / "s.h5", items, attrs)
-    dst = str(tmp_path / "p.zarr")
-    zstore.convert(src, dst, rates=RATES, workers=1, progress=False, chunk_seconds=0.25)
-    served: list[bool] = []
-
-    def spy(*args):
-        jobs = packed_batch(*args)
-        served.append(jobs is not None)
-        return jobs
-
-    monkeypatch.setattr(reader_module, "packed_batch", spy)
+    items, dst = _small_packed(tmp_path, 300, seed=21)
+    served = _served_by(monkeypatch, "packed_batch")
     cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format)
     ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=cache, short="pad", seed=2)
     manifest = ds.reader.open().manifest
@@ -574,3 +587,35 @@ def test_window_loader_reads_packed_windows_whole_and_padded(tmp_path, monkeypat
         assert seen == len(ds) == 300
         ds.settle(timeout=120)
     assert all(served) is (ram_format == "decoded")  # warm: every batch from the maps
+
+
+@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
+def test_whole_packed_items_and_their_windows_read_alone(tmp_path, monkeypatch, ram_format):
+    """``ds[i]`` of packed items, whole and as padded 1 s windows: bit-identical to the
+    source, cold and warm; warm, each item whose fields lie in one shard each is one
+    slice per field (``packed_read``), counted as one RAM hit per field as before."""
+    items, dst = _small_packed(tmp_path, 200, seed=22)
+    served = _served_by(monkeypatch, "packed_read")
+    cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format)
+    for window in (None, 1.0):
+        ds = zstore.WindowDataset(dst, window_seconds=window, cache=cache, short="pad", seed=4)
+        for warm in (False, True):
+            served.clear()
+            hits = zstore.cache_stats(cache)["ram"]["hits"]
+            for i in range(len(ds)):
+                x = ds[i]
+                for key in ("wav", "act"):
+                    want, got = items[x["item"]][key], x[key].numpy()
+                    np.testing.assert_array_equal(got[:, : want.shape[1]], want)
+                    assert not got[:, want.shape[1] :].any()
+                    if window is None:
+                        assert got.shape == want.shape
+            ds.settle(timeout=120)
+            if warm:  # a hit per field, two for a field that ends in the next shard
+                crossing = 2 * (len(ds) - sum(served))
+                got_hits = zstore.cache_stats(cache)["ram"]["hits"] - hits
+                assert 2 * len(ds) <= got_hits <= 2 * len(ds) + crossing
+        if ram_format == "decoded":
+            assert sum(served) >= len(ds) - 10  # all but items that end in the next shard
+        else:
+            assert not any(served)

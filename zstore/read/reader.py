@@ -43,7 +43,7 @@ from zstore.origin import Origin
 from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
-from zstore.read._packed_batch import packed_batch
+from zstore.read._packed_batch import packed_batch, packed_read
 from zstore.read._ram_shards import (
     TRIM_AFTER,
     DecodedShards,
@@ -310,6 +310,9 @@ class WindowReader:
     def _read(
         self, item: str, spans: dict[str, Span | None], position: int | None = None
     ) -> dict[str, np.ndarray]:
+        found = packed_read(self, item, spans, position)
+        if found is not None:  # a packed item whose shards this process has mapped
+            return found
         out, plan = self._plan(item, spans, position)
         if plan:
             pieces = self._pieces(plan)

@@ -518,8 +518,9 @@ def write(results: list[dict], docs: str) -> None:
             )
             if r.get(key) and r[key][0] != r[key][1]
         )
-        for r in results
-        if any(r.get(k) for k in ("zstore convert spread",))
+        for r in results  # sizes written once have no spread
+        if r.get("zstore convert spread")
+        and r["zstore convert spread"][0] != r["zstore convert spread"][1]
     )
     spreads = "; ".join(
         f"{r['items']:,}: "
@@ -537,8 +538,8 @@ def write(results: list[dict], docs: str) -> None:
             "",
             "Corpora of N utterances of 0.1-1.0 s (mono 16 kHz float32 holding int16 values, "
             "`act` at 100/s, 100 speaker groups), one HDF5 file each; every writer fed from "
-            "it, the file in the page cache first; one run, reads as medians of interleaved repetitions from a warm page cache "
-            "(zstore: warm RAM tier). zstore packs items of at most 10 s (the default "
+            "it, the file in the page cache first; one run, reads as medians of interleaved "
+            "repetitions from a warm page cache (zstore: warm RAM tier). zstore packs items of at most 10 s (the default "
             "`pack_seconds`). MosaicML streaming runs with a stand-in for torchvision, "
             "which it imports but does not use here (see the tool's docstring).",
             "",

@@ -23,6 +23,7 @@ import numpy as np
 
 from zstore.format import Span
 from zstore.read._ram_shards import DecodedShards
+from zstore.read.streamcopy import STREAM_ROW_BYTES as ROW_BYTES
 from zstore.read.streamcopy import copy_streamed
 
 if TYPE_CHECKING:
@@ -121,8 +122,10 @@ def packed_batch(
     if not all(key in form.values.maps or form.ram.holds(key) for key in keys.values()):
         return None  # not in the tier yet: the general path builds it
     arrays: dict[tuple[str, int], np.ndarray] = {}
-    for where, (layout, s) in shards.items():
-        got = form._mapped(layout, s, keys[where])
+    mapped = form.values.get_many(
+        [(keys[where], form.view_of(layout, s)) for where, (layout, s) in shards.items()]
+    )
+    for (where, (layout, s)), got in zip(shards.items(), mapped):
         found = None if got is None else form.read(layout, s, got, _whole(layout, s))
         arr = None if found is None else found[(layout.path, s)][1]
         if not isinstance(arr, np.ndarray):
@@ -203,12 +206,12 @@ def _whole(layout: ArrayLayout, s: int) -> Span:
 def _copy(parts: list[tuple[Any, int, int, int]], n: int, out: np.ndarray, axis: int) -> None:
     """Each part ``(shard array, start, samples, start in the slot)`` along ``axis``
     into the slot ``out``, whose ``n`` samples they fill; zeros after them."""
-    dst: list[Any] = [slice(None)] * out.ndim
+    head = (slice(None),) * axis  # the axes before time, whole (those after: implied)
     for src, lo, take, to in parts:
-        index: list[Any] = [slice(None)] * src.ndim
-        index[axis] = slice(lo, lo + take)
-        dst[axis] = slice(to, to + take)
-        copy_streamed(out[tuple(dst)], src[tuple(index)])
+        part = src[(*head, slice(lo, lo + take))]
+        if part.strides[-1] == part.itemsize and part.shape[-1] * part.itemsize < ROW_BYTES:
+            out[(*head, slice(to, to + take))] = part  # short rows: numpy's copy
+        else:
+            copy_streamed(out[(*head, slice(to, to + take))], part)
     if out.shape[axis] > n:
-        dst[axis] = slice(n, None)
-        out[tuple(dst)] = 0
+        out[(*head, slice(n, None))] = 0

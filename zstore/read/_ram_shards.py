@@ -371,7 +371,11 @@ class ShardForm(abc.ABC):
         self, layout: ArrayLayout, s: int, key: str, *, again: bool = False
     ) -> Mapped | None:
         """This process's map of shard ``s`` in the RAM tier (see MappedValues.get)."""
-        return self.values.get(key, lambda c: self.view(layout, s, c), again=again)
+        return self.values.get(key, self.view_of(layout, s), again=again)
+
+    def view_of(self, layout: ArrayLayout, s: int) -> Callable[[Checked], Any]:
+        """What maps a value of shard ``s`` (:meth:`view`, for MappedValues)."""
+        return lambda checked: self.view(layout, s, checked)
 
     def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
         """Build the shards of ``todo`` into the RAM tier; the pieces of their spans."""

@@ -5,9 +5,10 @@ batch of them shares a few shards.  The general path of a batch (per window: a p
 the shard lookups, an index of the batch's pieces, an assembly checking what the pieces
 cover) cost ~50 us of Python a window, more than the copy of a 1 s window.  Here the
 batch's placements are looked up at once, each shard once, and each window is one
-slice copied into its slot.  It applies when every window is of a packed item and lies,
-per field, in one shard this process has mapped in the decoded form; any other batch
-takes the general path, before anything is counted or copied.  The lookups count as
+slice copied into its slot (two where an item ends in the next shard).  It applies
+when every window is of a packed item and the RAM tier holds its shards in the decoded
+form (mapped here on first use); any other batch takes the general path, before
+anything is counted or copied.  The lookups count as
 the general path's do: a hit per shard per batch.  One window or whole item
 (``ds[i]``) takes the same way when its fields lie in one shard each (:func:`packed_read`:
 ~31 us an item, not ~50).

@@ -619,3 +619,20 @@ def test_whole_packed_items_and_their_windows_read_alone(tmp_path, monkeypatch, 
             assert sum(served) >= len(ds) - 10  # all but items that end in the next shard
         else:
             assert not any(served)
+
+
+def test_attributes_of_a_committed_type_then_of_another_file(tmp_path):
+    """An attribute stored with a committed (named) datatype, then the attributes of
+    another file: each read on its own (a type kept from the first file, closed since,
+    once made the second read fail with 'Not a datatype')."""
+    from zstore.format import hdf5_attrs_of
+
+    first, second = tmp_path / "a.h5", tmp_path / "b.h5"
+    with h5py.File(first, "w") as f:
+        f["t"] = np.dtype("f8")
+        f.create_group("g").attrs.create("x", 1.5, dtype=f["t"])
+    with h5py.File(second, "w") as f:
+        f.create_group("g").attrs["y"] = 2.0
+    for path, want in ((first, {"x": 1.5}), (second, {"y": 2.0})):
+        with h5py.File(path, "r") as f:
+            assert hdf5_attrs_of(f["g"].id, lambda: f["g"]) == want  # noqa: B023

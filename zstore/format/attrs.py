@@ -76,24 +76,17 @@ def hdf5_attrs_at(fid: Any, path: str, count: int, high: Callable[[], Any]) -> d
 
 
 _BY_NAME, _NATIVE = h5py.h5.INDEX_NAME, h5py.h5.ITER_NATIVE
-#: the last attribute type seen and its dtype: most attributes of a file share a few
-#: types, and comparing types costs a quarter of converting one
-_LAST_TYPE: tuple[Any, np.dtype] | None = None
 
 
 def _low_level(
     open_attr: Callable[[int], Any], count: int, high: Callable[[], Any]
 ) -> dict[str, Any]:
-    global _LAST_TYPE
     if not count:
         return {}
     values = []
     for i in range(count):
         aid = open_attr(i)
-        tid, last = aid.get_type(), _LAST_TYPE
-        if last is None or not tid == last[0]:  # H5Tequal: the same type, the same dtype
-            last = _LAST_TYPE = (tid, tid.dtype)
-        dtype, space = last[1], aid.get_space()
+        dtype, space = aid.dtype, aid.get_space()
         if (
             dtype.kind not in "biuf"
             or dtype.names is not None

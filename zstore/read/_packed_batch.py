@@ -10,8 +10,7 @@ when every window is of a packed item and the RAM tier holds its shards in the d
 form (mapped here on first use); any other batch takes the general path, before
 anything is counted or copied.  The lookups count as
 the general path's do: a hit per shard per batch.  One window or whole item
-(``ds[i]``) takes the same way when its fields lie in one shard each (:func:`packed_read`:
-~31 us an item, not ~50).
+(``ds[i]``) takes the same way (:func:`packed_read`: ~31 us an item, not ~50).
 """
 
 from __future__ import annotations
@@ -40,16 +39,17 @@ def packed_read(
     reader: WindowReader, item: str, spans: dict[str, Span | None], position: int | None
 ) -> dict[str, np.ndarray] | None:
     """One window (or, where a span is None, the whole array) of a packed item whose
-    shards are in the tier, each field one slice of one shard; None when this path does
-    not serve it (nothing looked up).  The caller holds the reader's lock."""
-    manifest, form = reader.manifest, reader.form
+    shards are in the tier, each field copied out of them as a batch's windows are;
+    None when this path does not serve it (nothing looked up).  The caller holds the
+    reader's lock."""
+    manifest = reader.manifest
     placement, shapes = manifest.placement, manifest.shapes
     if position is None or placement is None or shapes is None:
         return None
     g = int(placement.group[position])
-    if g < 0 or not isinstance(form, DecodedShards):
+    if g < 0 or not isinstance(reader.form, DecodedShards):
         return None
-    plans = []
+    fields = []
     for name, asked in spans.items():
         offsets = placement.offsets.get(name)
         if offsets is None or name not in shapes:
@@ -60,32 +60,24 @@ def packed_read(
         span = Span(0, length) if asked is None else asked
         if o < 0 or not layout.fast or not 0 <= span.start <= span.stop <= length:
             return None
-        first = o + span.start
-        s = first // layout.shard
-        if span.stop > span.start and (o + span.stop - 1) // layout.shard != s:
-            return None  # across two shards: the general path
-        plans.append((name, layout, span, s, first - s * layout.shard, form.key(layout, s)))
-    if not all(key in form.values.maps or form.ram.holds(key) for *_, key in plans):
-        return None  # not in the tier yet: the general path builds it
+        fields.append((name, layout, span, _parts(layout, o, span)))
+    arrays = _shard_arrays(
+        reader.form, [(layout, s) for _, layout, _, parts in fields for s, *_ in parts]
+    )
+    if arrays is None:
+        return None
     out: dict[str, np.ndarray] = {}
-    for name, layout, span, s, lo, key in plans:
-        got = form._mapped(layout, s, key)
-        found = None if got is None else form.read(layout, s, got, _whole(layout, s))
-        arr = None if found is None else found[(layout.path, s)][1]
-        if not isinstance(arr, np.ndarray):
-            return None  # dropped or failed its check since: the general path sees to it
-        axis, n = layout.time_axis, span.stop - span.start
-        index: list[Any] = [slice(None)] * arr.ndim
-        index[axis] = slice(lo, lo + n)
-        if span.pad:
-            shape = list(arr.shape)
-            shape[axis] = n + span.pad
-            out[name] = np.zeros(shape, dtype=arr.dtype)
-            dst: list[Any] = [slice(None)] * arr.ndim
-            dst[axis] = slice(0, n)
-            out[name][tuple(dst)] = arr[tuple(index)]
-        else:
-            out[name] = arr[tuple(index)].copy()
+    for name, layout, span, parts in fields:
+        if len(parts) == 1 and not span.pad:  # most: one slice, copied
+            s, lo, n, _ = parts[0]
+            index = (slice(None),) * layout.time_axis + (slice(lo, lo + n),)
+            out[name] = arrays[(layout.path, s)][index].copy()
+            continue
+        shape = list(_across(layout))
+        shape.insert(layout.time_axis, span.stop - span.start + span.pad)
+        out[name] = np.empty(shape, dtype=layout.dtype)
+        pieces = [(arrays[(layout.path, s)], lo, n, to) for s, lo, n, to in parts]
+        _copy(pieces, span.stop - span.start, out[name], layout.time_axis, stream=False)
     return out
 
 
@@ -115,23 +107,9 @@ def packed_batch(
         if planned is None:
             return None
         copies += planned
-    shards = {}  # (layout path, shard) -> (layout, its key)
-    for layout, parts, _, _ in copies:
-        for s, _, _, _ in parts:
-            shards[(layout.path, s)] = (layout, s)
-    keys = {where: form.key(layout, s) for where, (layout, s) in shards.items()}
-    if not all(key in form.values.maps or form.ram.holds(key) for key in keys.values()):
-        return None  # not in the tier yet: the general path builds it
-    arrays: dict[tuple[str, int], np.ndarray] = {}
-    mapped = form.values.get_many(
-        [(keys[where], form.view_of(layout, s)) for where, (layout, s) in shards.items()]
-    )
-    for (where, (layout, s)), got in zip(shards.items(), mapped):
-        found = None if got is None else form.read(layout, s, got, _whole(layout, s))
-        arr = None if found is None else found[(layout.path, s)][1]
-        if not isinstance(arr, np.ndarray):
-            return None  # dropped or failed its check since: the general path sees to it
-        arrays[where] = arr
+    arrays = _shard_arrays(form, [(layout, s) for layout, parts, _, _ in copies for s, *_ in parts])
+    if arrays is None:
+        return None
     return [
         functools.partial(
             _copy,
@@ -142,6 +120,44 @@ def packed_batch(
         )
         for layout, parts, total, out in copies
     ]
+
+
+def _shard_arrays(
+    form: DecodedShards, wanted: list[tuple[ArrayLayout, int]]
+) -> dict[tuple[str, int], np.ndarray] | None:
+    """The decoded arrays of the shards ``wanted`` (each ``(layout, shard)``), by
+    ``(layout path, shard)``, each looked up once and counted as a hit; None, nothing
+    counted, when the tier lacks one (the general path builds it), or one was dropped or
+    failed its check since (the general path sees to it)."""
+    shards = {(layout.path, s): (layout, s) for layout, s in wanted}
+    keys = {where: form.key(layout, s) for where, (layout, s) in shards.items()}
+    if not all(key in form.values.maps or form.ram.holds(key) for key in keys.values()):
+        return None
+    mapped = form.values.get_many(
+        [(keys[where], form.view_of(layout, s)) for where, (layout, s) in shards.items()]
+    )
+    arrays: dict[tuple[str, int], np.ndarray] = {}
+    for (where, (layout, s)), got in zip(shards.items(), mapped):
+        found = None if got is None else form.read(layout, s, got, _whole(layout, s))
+        arr = None if found is None else found[where][1]
+        if not isinstance(arr, np.ndarray):
+            return None
+        arrays[where] = arr
+    return arrays
+
+
+def _parts(layout: ArrayLayout, offset: int, span: Span) -> list[tuple[int, int, int, int]]:
+    """Where ``span`` of an item at ``offset`` in its pack's array lies: ``(shard, start
+    within it, samples, start in the window)`` per shard (an item may end in the next)."""
+    parts = []
+    first, stop = offset + span.start, offset + span.stop
+    here = first
+    while here < stop:
+        s = here // layout.shard
+        take = min(stop, (s + 1) * layout.shard) - here
+        parts.append((s, here - s * layout.shard, take, here - first))
+        here += take
+    return parts
 
 
 def _field(
@@ -182,15 +198,7 @@ def _field(
             return None  # the general path says what does not fit
         if slot.shape[:axis] + slot.shape[axis + 1 :] != _across(layout):
             return None
-        parts: list[tuple[int, int, int, int]] = []  # an item may end in the next shard
-        first, stop = int(o) + span.start, int(o) + span.stop
-        here = first
-        while here < stop:
-            s = here // layout.shard
-            take = min(stop, (s + 1) * layout.shard) - here
-            parts.append((s, here - s * layout.shard, take, here - first))
-            here += take
-        out.append((layout, parts, n, slot))
+        out.append((layout, _parts(layout, int(o), span), n, slot))
     return out
 
 
@@ -204,15 +212,19 @@ def _whole(layout: ArrayLayout, s: int) -> Span:
     return Span(s * layout.shard, min((s + 1) * layout.shard, layout.length))
 
 
-def _copy(parts: list[tuple[Any, int, int, int]], n: int, out: np.ndarray, axis: int) -> None:
+def _copy(
+    parts: list[tuple[Any, int, int, int]], n: int, out: np.ndarray, axis: int, stream: bool = True
+) -> None:
     """Each part ``(shard array, start, samples, start in the slot)`` along ``axis``
-    into the slot ``out``, whose ``n`` samples they fill; zeros after them."""
+    into the slot ``out``, whose ``n`` samples they fill; zeros after them.  ``stream``:
+    long rows bypass the CPU's cache (a batch slot, read once the batch is full)."""
     head = (slice(None),) * axis  # the axes before time, whole (those after: implied)
     for src, lo, take, to in parts:
         part = src[(*head, slice(lo, lo + take))]
-        if part.strides[-1] == part.itemsize and part.shape[-1] * part.itemsize < ROW_BYTES:
-            out[(*head, slice(to, to + take))] = part  # short rows: numpy's copy
-        else:
+        short = part.strides[-1] == part.itemsize and part.shape[-1] * part.itemsize < ROW_BYTES
+        if stream and not short:
             copy_streamed(out[(*head, slice(to, to + take))], part)
+        else:  # short rows, or a window read now: numpy's copy
+            out[(*head, slice(to, to + take))] = part
     if out.shape[axis] > n:
         out[(*head, slice(n, None))] = 0

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 from zstore.convert._items import source_files
-from zstore.convert._source import SourceItem
+from zstore.convert._source import SourceItem, identity_of
 from zstore.errors import SourceError
 from zstore.format import hdf5_attrs_at, hdf5_attrs_of
 
@@ -46,12 +46,10 @@ def _direct(item: SourceItem, stack: contextlib.ExitStack) -> int | None:
         return None
     try:
         fh = stack.enter_context(open(item.source, "rb", buffering=0))
-        st = os.fstat(fh.fileno())
+        now = identity_of(fh.fileno())
     except OSError:
         return None  # HDF5 reads it, and names any failure
-    if (st.st_size, st.st_mtime_ns, st.st_ino) != item.identity or not st.st_size:
-        return None
-    return fh.fileno()
+    return fh.fileno() if now == item.identity and now[0] else None
 
 
 def _read_at(fd: int, out: np.ndarray, offset: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from zstore.convert._source import NUMERIC_KINDS, SourceItem, open_source
+from zstore.convert._source import NUMERIC_KINDS, SourceItem, identity_of, open_source
 from zstore.errors import SourceError
 from zstore.urls import is_url
 
@@ -129,10 +129,9 @@ def _identity(f: h5py.File) -> tuple[int, int, int] | None:
     """The open file's (size, mtime_ns, inode), or None when HDF5 does not read it
     through a plain file descriptor."""
     try:
-        st = os.fstat(f.id.get_vfd_handle())
+        return identity_of(f.id.get_vfd_handle())
     except (OSError, TypeError, ValueError):
         return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _datasets(

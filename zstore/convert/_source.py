@@ -52,6 +52,13 @@ class SourcePlan:
     skipped: list[str] = field(default_factory=list)  # "item/array: why"
 
 
+def identity_of(fd: int) -> tuple[int, int, int]:
+    """The (size, mtime_ns, inode) of an open file: what :attr:`SourceItem.identity`
+    records, so the file is read at the scan's offsets only while it is unchanged."""
+    st = os.fstat(fd)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def open_source(src: str | os.PathLike[str]) -> h5py.File:
     """Open the HDF5 file read-only, turning every failure into one clear error."""
     path = os.fspath(src)

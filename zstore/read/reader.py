@@ -311,7 +311,7 @@ class WindowReader:
         self, item: str, spans: dict[str, Span | None], position: int | None = None
     ) -> dict[str, np.ndarray]:
         found = packed_read(self, item, spans, position)
-        if found is not None:  # a packed item whose shards this process has mapped
+        if found is not None:  # a packed item whose shards the RAM tier holds
             return found
         out, plan = self._plan(item, spans, position)
         if plan:
@@ -519,8 +519,6 @@ def _assemble(
             f"does not fit the batch slot of shape {out.shape} ({out.dtype}); "
             "items of a batch need the same shape apart from time"
         )
-    if _one_piece(layout, span, pieces, out, stream):
-        return out
     dst = [slice(None)] * len(shape)
     src = [slice(None)] * len(shape)
     parts: list[tuple[int, int]] = []
@@ -553,38 +551,9 @@ def _assemble(
     return out
 
 
-def _one_piece(
-    layout: ArrayLayout, span: Span, pieces: Pieces, out: np.ndarray, stream: bool
-) -> bool:
-    """Copy ``span`` into ``out`` (zeros after it) when one decoded piece holds all of
-    it (a whole short item, most windows): one slice, no bookkeeping of parts.  False:
-    not the case, nothing done."""
-    axis = layout.time_axis
-    for (path, _), (offset, arr) in pieces.items():
-        if path != layout.path or isinstance(arr, Lazy):
-            continue
-        if offset <= span.start and span.stop <= offset + arr.shape[axis]:
-            src: list[Any] = [slice(None)] * arr.ndim
-            src[axis] = slice(span.start - offset, span.stop - offset)
-            dst: list[Any] = [slice(None)] * out.ndim
-            dst[axis] = slice(0, span.stop - span.start)
-            if stream:
-                copy_streamed(out[tuple(dst)], arr[tuple(src)])
-            else:
-                out[tuple(dst)] = arr[tuple(src)]
-            if span.pad:
-                dst[axis] = slice(span.stop - span.start, None)
-                out[tuple(dst)] = 0
-            return True
-    return False
-
-
 def _covered(parts: list[tuple[int, int]]) -> int:
     """Samples in the union of ``[lo, hi)`` intervals (pieces of one value may overlap:
     a shard mapped for one window of a batch and its chunks read for another)."""
-    if len(parts) == 1:  # a window in one piece: most of them
-        lo, hi = parts[0]
-        return max(0, hi - lo)
     total, end = 0, None
     for lo, hi in sorted(parts):
         if end is not None and lo < end:

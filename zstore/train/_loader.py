@@ -185,14 +185,14 @@ class WindowLoader:
         buffers = self._buffers(located)
         outs = [{name: arr[b] for name, arr in buffers.arrays.items()} for b in range(len(indices))]
 
+        nbytes = sum(arr.nbytes for arr in buffers.arrays.values())
+
         def copy(jobs: list[Any]) -> None:  # a share of the copies per thread, not one each
             if nbytes < INLINE_BYTES:  # small windows: handing them over costs more
                 _run_share(jobs)
                 return
             shares = [jobs[k :: self.threads] for k in range(min(self.threads, len(jobs)))]
             list(copier.map(_run_share, shares))
-
-        nbytes = sum(arr.nbytes for arr in buffers.arrays.values())
 
         try:
             windows = [(item, spans, position) for item, spans, _, _, position in placed]

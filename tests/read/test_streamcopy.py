@@ -116,3 +116,84 @@ def test_loader_batches_with_and_without_the_extension(small_store, cache, monke
     for a, b in zip(got, want):
         for key in ("wav", "act", "length", "start"):
             assert np.array_equal(a[key].numpy(), b[key].numpy()), key
+
+
+def _expected(dsts, srcs, parts, pads, axis):
+    """What gather writes, slice by slice with numpy."""
+    out = [d.copy() for d in dsts]
+    head = (slice(None),) * axis
+    for d, s, lo, n, at in parts:
+        out[d][(*head, slice(at, at + n))] = srcs[s][(*head, slice(lo, lo + n))]
+    for d, at in pads:
+        out[d][(*head, slice(at, None))] = 0
+    return out
+
+
+@pytest.mark.parametrize(
+    ("src_shape", "dst_shape", "axis"),
+    [
+        ((2, 3000), (2, 1600), 1),  # (speakers, frames): rows shorter than a stream
+        ((1, 90_000), (1, 16_000), 1),  # mono 1 s windows: streamed rows
+        ((6000, 3), (1600, 3), 0),  # time first: the block is one contiguous run
+        ((3, 4, 9000), (3, 4, 5000), 2),
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.float64])
+@pytest.mark.parametrize("how", ["streamed", "cached", "numpy"])
+def test_gather_copies_what_numpy_copies(src_shape, dst_shape, axis, dtype, how, monkeypatch):
+    """Spans of several sources into several slots, some in two parts (an item that ends
+    in the next shard), some padded with zeros, into slots of one batch buffer and into
+    slots whose leading axes are strided; with the extension and without it."""
+    if how == "numpy":  # the extension not built
+        monkeypatch.setattr(sc, "_gather", None)
+    rng = np.random.default_rng(3)
+    wide = [rng.standard_normal((*src_shape[:axis], src_shape[axis] * 2, *src_shape[axis + 1 :]))]
+    srcs = [rng.standard_normal(src_shape).astype(dtype) for _ in range(3)]
+    srcs.append(wide[0].astype(dtype)[(slice(None),) * axis + (slice(7, 7 + src_shape[axis]),)])
+    batch = rng.standard_normal((4, *dst_shape)).astype(dtype)  # stale values to overwrite
+    dsts = [batch[k] for k in range(4)]
+    t = dst_shape[axis]
+    parts = np.array(
+        [
+            (0, 0, 5, t, 0),  # a whole slot
+            (1, 1, src_shape[axis] - 100, 100, 0),  # the end of one shard ...
+            (1, 2, 0, t // 2, 100),  # ... then the next one
+            (2, 3, 11, t // 3, 0),  # a strided source
+            (3, 0, 0, 0, 0),  # an item of no samples
+        ],
+        dtype=np.int64,
+    )
+    pads = np.array([(1, 100 + t // 2), (2, t // 3), (3, 0)], dtype=np.int64)
+    want = _expected(dsts, srcs, parts.tolist(), pads.tolist(), axis)
+    sc.gather(dsts, srcs, parts, pads, axis, stream=how == "streamed")
+    for got, expected in zip(dsts, want):
+        assert np.array_equal(got, expected)
+    assert not batch[3].any()
+
+
+def test_gather_refuses_a_bad_row_before_writing_anything():
+    src = np.arange(100, dtype=np.float32).reshape(2, 50)
+    dst = np.full((2, 30), 7, dtype=np.float32)
+    good = (0, 0, 0, 10, 0)
+
+    def refused(rows, pads=(), srcs=(src,), match="outside"):
+        table = np.array(rows, dtype=np.int64).reshape(-1, 5)
+        zeros = np.array(pads, dtype=np.int64).reshape(-1, 2)
+        with pytest.raises(ValueError, match=match):
+            stream.gather([dst], list(srcs), table, zeros, 1, 1 << 14)
+        assert (dst == 7).all()  # the good row before the bad one was not written
+
+    refused([good, (0, 0, 45, 10, 0)])  # past the source's end
+    refused([good, (0, 0, 0, 10, 25)])  # past the slot's end
+    refused([good, (0, 0, -1, 10, 0)])
+    refused([good, (0, 1, 0, 10, 0)], match="not there")
+    refused([good, (1, 0, 0, 10, 0)], match="not there")
+    refused([good], pads=[(0, 31)], match="pad")
+    refused([good], srcs=[src.astype(np.float64)], match="dtype")
+    refused([good], srcs=[src.astype(np.int32)], match="dtype")  # same item size
+    refused([good], srcs=[np.zeros((3, 50), np.float32)], match="shape")
+    refused([good], srcs=[np.zeros((100, 2), np.float32).T], match="contiguous")
+    with pytest.raises(ValueError, match="int64"):
+        stream.gather([dst], [src], np.zeros((1, 5), np.int32), np.zeros((0, 2), np.int64), 1, 0)
+    with pytest.raises(ValueError, match="axis"):
+        stream.gather([dst], [src], np.array([good], np.int64), np.zeros((0, 2), np.int64), 2, 0)

@@ -133,6 +133,19 @@ class FrequencySketch:
         if head[0] >= max(head[1], MIN_PERIOD):  # type: ignore[index]
             self._halve()
 
+    def touch_many(self, keys: list[str]) -> None:
+        """:meth:`touch` of each of ``keys`` (a batch's shard hits)."""
+        if not keys or not self._open():
+            return
+        counts, head = self._counts, self._head
+        for key in keys:
+            for i in self._slots(key):
+                if counts[i] < 65535:  # type: ignore[index]
+                    counts[i] += 1  # type: ignore[index]
+        head[0] += len(keys)  # type: ignore[index]
+        if head[0] >= max(head[1], MIN_PERIOD):  # type: ignore[index]
+            self._halve()
+
     def estimate(self, key: str | bytes) -> int:
         """How often ``key`` was accessed lately (an overestimate at worst)."""
         if not self._open():

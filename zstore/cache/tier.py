@@ -325,6 +325,11 @@ class Tier:
         if self.sketch is not None:
             self.sketch.touch(key)
 
+    def touch_many(self, keys: list[str]) -> None:
+        """:meth:`touch` of each of ``keys``."""
+        if self.sketch is not None:
+            self.sketch.touch_many(keys)
+
     def set_period(self, accesses: int) -> None:
         """How many accesses the admission counts last before they are halved."""
         if self.sketch is not None and self._open() is not None:

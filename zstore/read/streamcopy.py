@@ -11,12 +11,18 @@ are copied with numpy, with the same values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 try:
     from zstore.read._stream import stream_copy as _stream_copy
 except ImportError:  # not built: numpy's copy
     _stream_copy = None
+try:
+    from zstore.read._stream import gather as _gather
+except ImportError:  # not built, or built before gather
+    _gather = None
 
 STREAM_ROW_BYTES = 16 * 1024  # shorter contiguous runs are copied the usual way
 
@@ -24,6 +30,33 @@ STREAM_ROW_BYTES = 16 * 1024  # shorter contiguous runs are copied the usual way
 def streaming() -> bool:
     """Whether batch copies use streamed stores (the extension is built)."""
     return _stream_copy is not None
+
+
+def gather(
+    dsts: Sequence[np.ndarray],
+    srcs: Sequence[np.ndarray],
+    parts: np.ndarray,
+    pads: np.ndarray,
+    axis: int,
+    *,
+    stream: bool = True,
+) -> None:
+    """Many spans along ``axis`` at once (a batch of short windows): for each row ``(d,
+    s, lo, n, at)`` of the int64 table ``parts``, ``dsts[d][..., at:at+n, ...] =
+    srcs[s][..., lo:lo+n, ...]``; for each row ``(d, at)`` of ``pads``, zeros in
+    ``dsts[d]`` from ``at`` to the end of ``axis``.  Each dst and its srcs have one dtype
+    and the same shape off ``axis``, and the last axis of each is contiguous.  With the
+    extension it is one call, every row checked before anything is written (ValueError),
+    ~0.2 us a row against ~3 us for a numpy slice and copy; ``stream``: long rows
+    bypass the CPU's cache.  Without it, numpy copies each row, with the same values."""
+    if _gather is not None and _stream_copy is not None:
+        _gather(dsts, srcs, parts, pads, axis, STREAM_ROW_BYTES if stream else 1 << 62)
+        return
+    head = (slice(None),) * axis
+    for d, s, lo, n, at in parts.tolist():
+        dsts[d][(*head, slice(at, at + n))] = srcs[s][(*head, slice(lo, lo + n))]
+    for d, at in pads.tolist():
+        dsts[d][(*head, slice(at, None))] = 0
 
 
 def copy_streamed(dst: np.ndarray, src: np.ndarray) -> None:

@@ -550,12 +550,22 @@ def _small_packed(tmp_path, n: int, seed: int):
     return items, dst
 
 
-@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
-def test_window_loader_reads_packed_windows_whole_and_padded(tmp_path, monkeypatch, ram_format):
+@pytest.mark.parametrize(
+    ("ram_format", "split"), [("decoded", False), ("encoded", False), ("decoded", True)]
+)
+def test_window_loader_reads_packed_windows_whole_and_padded(
+    tmp_path, monkeypatch, ram_format, split
+):
     """Batches of 1 s windows of 0.1-1 s packed items (padded with zeros past their
     end, some items beginning in one shard and ending in the next): bit-identical to
     the source, cold and once every shard is mapped in this process, when the decoded
-    shards serve each batch's windows as one slice each (``_packed_batch``)."""
+    shards serve each batch's windows as one slice each (``_packed_batch``); ``split``:
+    each field's copies in calls of 3 windows (as batches of long windows are)."""
+    from zstore.read import _packed_batch
+
+    if split:
+        monkeypatch.setattr(_packed_batch, "SPLIT_BYTES", 0)
+        monkeypatch.setattr(_packed_batch, "SPLIT_WINDOWS", 3)
     items, dst = _small_packed(tmp_path, 300, seed=21)
     served = _served_by(monkeypatch, "packed_batch")
     cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format)

@@ -260,11 +260,15 @@ def _already_in_store(
 
 def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     """The new items, named as the store names its items, checked against it."""
-    sources = manifest.extra.get("sources", [])
+    # Named as the conversion named the store's items: by <file stem>/<group> when it
+    # was made from several files.  The files appended since do not count: else the
+    # second append named its items unlike the first (and concurrent appends, by which
+    # one published first).
+    made_from = len(manifest.extra.get("sources", [])) - len(manifest.extra.get("appended", []))
     rates = {n: a.rate for n, a in manifest.arrays.items()}  # the store's claims, whole too
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
     source = plan(files, rates, axes, optional=True)
-    prefix = stems(files) if len(sources) > 1 else None  # as the store names its items
+    prefix = stems(files) if made_from > 1 else None
     for it in source.items:
         it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group
     unknown = sorted(n for n in source.arrays if n not in manifest.arrays)

@@ -6,7 +6,8 @@ it.  Non-temporal ("streamed") stores write whole cache lines straight to memory
 without reading them first; measured here, a 5.1 MB window went from ~710 us (numpy's
 copy) to ~410 us.  The stores come from the small C extension ``zstore._stream``,
 built when zstore is installed; where it could not be built (no C compiler), windows
-are copied with numpy, with the same values.
+are copied with numpy, with the same values.  A batch of short windows is copied by
+:func:`gather`, one call per field, from a table of spans.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ def gather(
     srcs[s][..., lo:lo+n, ...]``; for each row ``(d, at)`` of ``pads``, zeros in
     ``dsts[d]`` from ``at`` to the end of ``axis``.  Each dst and its srcs have one dtype
     and the same shape off ``axis``, and the last axis of each is contiguous.  With the
-    extension it is one call, every row checked before anything is written (ValueError),
-    ~0.2 us a row against ~3 us for a numpy slice and copy; ``stream``: long rows
-    bypass the CPU's cache.  Without it, numpy copies each row, with the same values."""
+    extension it is one call, every row checked before anything is written (ValueError);
+    measured on 1 s windows of two fields, ~5 us a window in all against ~10 with a numpy
+    slice and copy per row.  ``stream``: long rows bypass the CPU's cache.  Without the
+    extension numpy copies each row, with the same values."""
     if _gather is not None and _stream_copy is not None:
         _gather(dsts, srcs, parts, pads, axis, STREAM_ROW_BYTES if stream else 1 << 62)
         return

@@ -28,14 +28,14 @@ try:
     _Base: Any = pl.LightningDataModule
 except ImportError:  # pragma: no cover - exercised where lightning is installed
     try:
-        import pytorch_lightning as pl
+        import pytorch_lightning as pl  # type: ignore[no-redef]
 
         _Base = pl.LightningDataModule
     except ImportError:
         _Base = object
 
 
-class ZstoreDataModule(_Base):  # type: ignore[misc,valid-type]
+class ZstoreDataModule(_Base):
     """Train/validation windows from one or two zstore stores."""
 
     def __init__(
@@ -84,7 +84,7 @@ class ZstoreDataModule(_Base):  # type: ignore[misc,valid-type]
         if self.loader == "zstore":  # the trainer's DistributedSampler is not applied to it:
             import torch.distributed as dist  # shard by rank here
 
-            sampler = None
+            sampler: Any = None
             if dist.is_available() and dist.is_initialized():
                 from torch.utils.data.distributed import DistributedSampler
 

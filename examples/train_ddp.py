@@ -84,10 +84,12 @@ def main() -> None:
     ds = zstore.WindowDataset(
         args.store, window_seconds=args.window, seed=args.seed, fields=["wav", "act"], short="pad"
     )  # cache: ZSTORE_* env
+    sampler: zstore.NodeSampler | DistributedSampler
     if args.sampler == "node":  # its indices carry the epoch: no ds.set_epoch needed
         sampler = zstore.NodeSampler(ds, seed=args.seed, local_world_size=args.local_world_size)
     else:
         sampler = DistributedSampler(ds, shuffle=True, seed=args.seed)
+    loader: zstore.WindowLoader | DataLoader
     if args.loader == "zstore":  # no window crosses a process boundary
         loader = zstore.WindowLoader(ds, args.batch_size, sampler=sampler, pin_memory=cuda)
     else:
@@ -100,8 +102,8 @@ def main() -> None:
         )
     first = ds[0]
     rate = first["wav"].shape[-1] // first["act"].shape[-1]
-    model = TinyVAD(first["wav"].shape[0], first["act"].shape[0], rate).to(device)
-    model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    vad = TinyVAD(first["wav"].shape[0], first["act"].shape[0], rate).to(device)
+    model = DistributedDataParallel(vad, device_ids=[device.index] if cuda else None)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     seen: list[dict] = []
 

@@ -206,9 +206,8 @@ def dataloader(paths: Paths, windows: list, reps: int, workers: int = 2) -> dict
     results: dict[str, list[float]] = {c.name: [] for c in chosen}
     for rep in range(reps):
         for c in chosen:
-            loader = torch.utils.data.DataLoader(
-                WindowSet(c, paths, windows[:400]), batch_size=8, num_workers=workers
-            )
+            dataset: Any = WindowSet(c, paths, windows[:400])  # a map-style dataset
+            loader: Any = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=workers)
             t0, n = time.perf_counter(), 0
             for batch in loader:
                 n += len(batch[0])
@@ -374,7 +373,7 @@ def main() -> None:
     t0 = time.time()
     paths, meta = prepare(args.work, args.size)
     windows = draw_windows(paths.store, 400)
-    results = {
+    results: dict[str, Any] = {
         "meta": meta,
         "command": " ".join(["python", "tools/bench.py"] + sys.argv[1:]),
         "single": single_process(paths, windows, args.reps),

@@ -154,7 +154,7 @@ def run_config(
     for p in procs:
         p.join(600)
     window_bytes = FRAMES * (HOP * 8 + 3) * 4
-    out = {
+    out: dict[str, Any] = {
         "fraction": fraction,
         "format": fmt,
         "budget": budget,

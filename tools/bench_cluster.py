@@ -55,9 +55,10 @@ def rank(
         seed=0,
         windows_per_item=4,
         cache=cache_for(work, node, budget),
-        origin_fs=ModelledFileSystem(**S3),
+        origin_fs=ModelledFileSystem(latency=S3["latency"], bandwidth=S3["bandwidth"]),
     )
     world = NODES * PER_NODE
+    sampler: Any
     if kind == "distributed":
         sampler = torch.utils.data.distributed.DistributedSampler(
             ds, num_replicas=world, rank=r, shuffle=True, seed=0

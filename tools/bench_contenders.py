@@ -56,7 +56,7 @@ class Contender:
         return {"name": self.name, "kind": self.kind, "options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
 
 def _modelled(options: dict[str, Any]) -> Any:

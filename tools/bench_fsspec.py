@@ -39,7 +39,7 @@ def make_fs(kind: str, work: str) -> tuple[Any, Any]:
     import zstore
     from zstore.testing import ModelledFileSystem
 
-    origin = ModelledFileSystem(**S3)
+    origin = ModelledFileSystem(latency=S3["latency"], bandwidth=S3["bandwidth"])
     if kind == "zstore":
         cfg = zstore.CacheConfig(
             ram_dir=f"/dev/shm/zstore-bench-fsspec-{os.getuid()}",

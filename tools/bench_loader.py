@@ -40,7 +40,7 @@ class H5Windows(torch.utils.data.Dataset):
 
     def __init__(self, h5: str, ds: Any):
         self.h5, self.located = h5, [ds.locate(i) for i in range(len(ds))]
-        self._f = None
+        self._f: Any = None  # opened in the worker that reads
 
     def __len__(self) -> int:
         return len(self.located)
@@ -143,7 +143,7 @@ def rank(
         fs = ModelledFileSystem(**origin)
     items = len(make_dataset(store, False))
     ds = make_dataset(store, cache, fs, per_item=-(-limit * ranks // items))
-    sampler = DistributedSampler(ds, num_replicas=ranks, rank=r, shuffle=True, seed=1)
+    sampler: Any = DistributedSampler(ds, num_replicas=ranks, rank=r, shuffle=True, seed=1)
     queue.put(consume(kind, ds, h5, sampler, limit, barrier))
 
 

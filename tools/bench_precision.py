@@ -158,7 +158,7 @@ def read_windows(store: str, windows: list[tuple[str, int]]) -> float:
     from zstore.format import Span
     from zstore.read import WindowReader
 
-    reader = WindowReader(store, cache=False).open()
+    reader = WindowReader(store, cache=None).open()  # no tiers
     span = int(WINDOW_S * 16000)
     t0 = time.perf_counter()
     for g, start in windows:

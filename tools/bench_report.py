@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 MB = 1e6
@@ -55,7 +56,7 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Linux {platform.release()}"
 
 
-def _median(values: list[float]) -> float:
+def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 

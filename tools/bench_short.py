@@ -374,7 +374,7 @@ def run_size(n: int, data: Path, reps: int, s3: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"short{n}-", dir=data))
     try:
         store, lit, mds = work / "s.zarr", work / "lit", work / "mds"
-        out: dict = {"items": n}
+        out: dict[str, Any] = {"items": n}
         torchvision_standin(data)
         cached(h5)
         # The writers in turn, `reps` times up to CONVERT_REPS_UPTO items (this machine's
@@ -384,9 +384,9 @@ def run_size(n: int, data: Path, reps: int, s3: bool) -> dict:
             times["zstore"].append(zstore_convert(h5, store, "zstd"))
             for name, run in (("litdata", lambda: litdata_convert(h5, lit, work)),
                               ("mds", lambda: mds_convert(h5, mds))):  # fmt: skip
-                took = run()
-                if took is not None:
-                    times[name].append(took)
+                spent = run()
+                if spent is not None:
+                    times[name].append(spent)
         for name, took in times.items():
             out[f"{name} convert s"] = statistics.median(took) if took else None
             out[f"{name} convert spread"] = [n / max(took), n / min(took)] if took else None

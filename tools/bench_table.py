@@ -94,6 +94,7 @@ def main() -> None:
                         os.unlink(os.path.join(node, f))
                 got = run(base, key, node)
                 best = got if best is None or got[0] < best[0] else best
+            assert best is not None
             rows.append((label, *best))
         size = rows[0][3]
         lines = [

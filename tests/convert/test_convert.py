@@ -394,3 +394,26 @@ def test_small_arrays_get_chunks_of_at_least_64_kB(tmp_path):
         out = ds[0]
         start = round(out["start"] * 100)
         np.testing.assert_array_equal(out["act"].numpy(), long_act[:, start : start + 1000])
+
+
+def test_options_as_any_mapping_and_sources_as_any_sequence(small_h5, tmp_path):
+    """Read-only mappings for the options and a tuple of Paths for the sources convert
+    as a dict and a list do (a mapping given as time_axis used to be taken for an axis
+    number)."""
+    from types import MappingProxyType
+
+    plain = tmp_path / "plain.zarr"
+    zstore.convert(small_h5, plain, rates={"wav": 16000, "act": 100}, time_axis={"wav": 1})
+    other = tmp_path / "other.zarr"
+    zstore.convert(
+        (Path(small_h5),),
+        other,
+        rates=MappingProxyType({"wav": 16000, "act": 100}),
+        time_axis=MappingProxyType({"wav": 1}),
+        progress=False,
+    )
+    a, b = manifest_of(plain), manifest_of(other)
+    assert list(a.items) == list(b.items)
+    assert {n: (i.rate, i.time_axis) for n, i in a.arrays.items()} == {
+        n: (i.rate, i.time_axis) for n, i in b.arrays.items()
+    }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from zstore.urls import is_url
 SUFFIXES = (".h5", ".hdf5")
 
 
-def expand_sources(sources: str | os.PathLike[str] | list[Any]) -> list[str]:
+def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]:
     """Files, directories (every ``*.h5`` / ``*.hdf5`` below them) and glob patterns,
     in a stable order, each file once."""
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
 from zstore.convert._values import value_lines, with_tally
-from zstore.convert.pipeline import ConvertReport, check_options, with_dtypes
+from zstore.convert.pipeline import ConvertReport, check_options, plain, with_dtypes
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
     ArrayMetas,
@@ -52,11 +53,11 @@ def append(
     verify: bool = False,
     progress: bool = True,
     dask: Any = None,
-    rates: dict[str, float | None] | None = None,
-    time_axis: int | dict[str, int] | None = None,
+    rates: Mapping[str, float | None] | None = None,
+    time_axis: int | Mapping[str, int] | None = None,
     codec: str | None = None,
     chunk_seconds: float | None = None,
-    precision: dict[str, int | str] | None = None,
+    precision: Mapping[str, int | str] | None = None,
     pack_seconds: float | None = None,
 ) -> ConvertReport:
     """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
@@ -72,6 +73,8 @@ def append(
     """
     t0 = time.perf_counter()
     files, dst = expand_sources(src), os.fspath(dst)
+    rates, precision = plain(rates), plain(precision)
+    axes = time_axis if time_axis is None or isinstance(time_axis, int) else dict(time_axis)
     check_options(1.0 if chunk_seconds is None else chunk_seconds, workers)
     with store_lock(dst, storage_options):
         try:
@@ -81,7 +84,7 @@ def append(
                 f"{dst}: no finished zstore store to append to; convert "
                 f"the first files without --append ({e})"
             ) from None
-        _check_options_agree(dst, manifest, rates, time_axis, codec, chunk_seconds, precision)
+        _check_options_agree(dst, manifest, rates, axes, codec, chunk_seconds, precision)
         has = float(manifest.extra.get("pack_seconds", 0.0))
         if pack_seconds is not None and float(pack_seconds) != has:
             raise SourceError(

@@ -10,8 +10,9 @@ import os
 import time
 import uuid
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -242,12 +243,20 @@ def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
         return fs.exists(path)
 
 
+T = TypeVar("T")
+
+
+def plain(option: Mapping[str, T] | None) -> dict[str, T] | None:
+    """A mapping option (rates, time axes, precision) as the dict the planners take."""
+    return None if option is None else dict(option)
+
+
 def convert(
-    src: str | os.PathLike[str] | list[str | os.PathLike[str]],
+    src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     dst: str | os.PathLike[str],
     *,
-    rates: dict[str, float | None] | None = None,
-    time_axis: int | dict[str, int] = -1,
+    rates: Mapping[str, float | None] | None = None,
+    time_axis: int | Mapping[str, int] = -1,
     chunk_seconds: float = 1.0,
     codec: str = "lz4",
     workers: int | None = None,
@@ -256,7 +265,7 @@ def convert(
     progress: bool = True,
     overwrite: bool = False,
     dask: Any = None,
-    precision: dict[str, int | str] | None = None,
+    precision: Mapping[str, int | str] | None = None,
     pack_seconds: float = PACK_SECONDS,
 ) -> ConvertReport:
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
@@ -298,6 +307,8 @@ def convert(
     """
     t0 = time.perf_counter()
     files, dst = expand_sources(src), os.fspath(dst)
+    rates, precision = plain(rates), plain(precision)
+    axes = time_axis if isinstance(time_axis, int) else dict(time_axis)
     src = files[0] if len(files) == 1 else f"{len(files)} sources"
     compressors(codec)
     check_options(chunk_seconds, workers)
@@ -305,7 +316,7 @@ def convert(
     stated = {n: parse_precision(n, v) for n, v in (precision or {}).items()}
     options = {
         "rates": {k: None if v is None else float(v) for k, v in (rates or {}).items()},
-        "time_axis": time_axis,
+        "time_axis": axes,
         "chunk_seconds": chunk_seconds,
         "codec": codec,
         "layout": LAYOUT,
@@ -315,7 +326,7 @@ def convert(
     wanted = workers or os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         pool = None if dask is not None else stack.enter_context(local_pool(wanted))
-        source = plan(files, rates, time_axis, pool=pool)
+        source = plan(files, rates, axes, pool=pool)
         source.arrays = with_precision(source.arrays, _dtypes(source), stated, src)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)

@@ -29,6 +29,26 @@ NETWORK_FS = (
 )
 
 
+#: File systems on the machine's own disks (or memory).  A store on one is read from it
+#: directly: an SSD tier would only copy it to a disk of the same kind (measured: epoch
+#: 0 at half the speed, later epochs no faster; docs/benchmarks-notes.md).
+LOCAL_DISK_FS = (
+    "ext2",
+    "ext3",
+    "ext4",
+    "xfs",
+    "btrfs",
+    "zfs",
+    "f2fs",
+    "bcachefs",
+    "jfs",
+    "reiserfs",
+    "tmpfs",
+    "ramfs",
+    "overlay",
+)
+
+
 def is_url(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
@@ -83,3 +103,9 @@ def network_fs_type(path: str) -> str | None:
     """The file system type of ``path`` when it is a network one (NFS, Lustre, ...), else None."""
     kind = filesystem_type(os.path.abspath(path))
     return kind if kind in NETWORK_FS else None
+
+
+def on_local_disk(path: str) -> bool:
+    """Whether ``path`` (not a URL) is on a local disk file system (ext4, xfs, ...); False
+    for network and FUSE file systems, and where the type is unknown."""
+    return not is_url(path) and filesystem_type(os.path.abspath(local_path(path))) in LOCAL_DISK_FS

@@ -385,3 +385,36 @@ def test_an_idle_process_unmaps_shards_evicted_elsewhere(small_store, tmp_path):
     for m in a.values.maps.values():
         assert os.stat(m.path).st_ino == m.ino
     assert set(a.values.maps) < mapped  # what was evicted is no longer mapped
+
+
+def test_a_store_on_a_local_disk_goes_without_the_default_ssd_tier(
+    small_store, tmp_path, monkeypatch
+):
+    """The default SSD directory serves stores behind a URL, a network file system or
+    another origin; a store on a local disk is read from it directly. A directory named
+    in the config or in ZSTORE_SSD_DIR is used whatever the store."""
+    from zstore import urls
+    from zstore.testing import ModelledFileSystem
+
+    if urls.filesystem_type(small_store) not in urls.LOCAL_DISK_FS:
+        pytest.skip("the test store is not on a local disk file system here")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("ZSTORE_SSD_DIR", raising=False)
+    auto = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB")
+
+    def ssd(cfg, **kwargs):
+        reader = WindowReader(small_store, cache=cfg, **kwargs).open()
+        reader.read("utt000002", {"wav": Span(0, 16000)})  # reads as before
+        return None if reader.tiers.ssd is None else reader.tiers.ssd.directory
+
+    assert ssd(auto) is None
+    named = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "s")
+    assert ssd(named) == str(tmp_path / "s")
+    monkeypatch.setenv("ZSTORE_SSD_DIR", str(tmp_path / "env"))
+    assert ssd(auto) == str(tmp_path / "env")
+    monkeypatch.delenv("ZSTORE_SSD_DIR")
+    assert str(ssd(auto, origin_fs=ModelledFileSystem())).startswith(str(tmp_path / "xdg"))
+    monkeypatch.setattr(urls, "filesystem_type", lambda path: "nfs4")  # a network mount
+    assert str(ssd(auto)).startswith(str(tmp_path / "xdg"))
+    monkeypatch.setattr(urls, "filesystem_type", lambda path: "fuse.mountpoint-s3")
+    assert str(ssd(auto)).startswith(str(tmp_path / "xdg"))

@@ -95,7 +95,10 @@ class CacheConfig:
             room); ``"encoded"`` keeps the compressed bytes.
         ssd_bytes: byte budget of the SSD tier.  Default: half the disk's free space.
         ssd_dir: the SSD tier's directory, on local disk.  Default
-            ``~/.cache/zstore``.  ``None`` disables the tier.
+            ``~/.cache/zstore``, for stores behind a URL or on a network file system:
+            a store on a local disk is read from it directly (an SSD tier would copy it
+            to a disk of the same kind: epoch 0 at half the speed, later epochs no
+            faster); name a directory to have one anyway.  ``None`` disables the tier.
         fetch: ``"range"`` reads only the chunks a window needs, ``"shard"`` reads a
             whole shard on first touch, ``"auto"`` picks by origin kind and budget.
         max_requests: origin requests in flight per process.
@@ -172,6 +175,7 @@ class CacheConfig:
             ram_bytes=ram_bytes,
             ssd_dir=ssd_dir if ssd_bytes else None,
             ssd_bytes=ssd_bytes,
+            ssd_auto=raw["ssd_dir"] == AUTO,
             ram_format=ram_format,
             fetch=fetch,
             max_requests=max_requests,
@@ -191,6 +195,9 @@ class ResolvedCache:
     fetch: str
     max_requests: int
     shared_gid: int | None = None
+    #: the SSD tier's directory is the default (no argument, no ZSTORE_SSD_DIR): a reader
+    #: of a store on a local disk then goes without it (:func:`zstore.urls.on_local_disk`)
+    ssd_auto: bool = False
 
 
 def _resolve_dir(value: Any, default: str | None) -> str | None:

@@ -262,7 +262,8 @@ class NodeSampler(_EpochSampler):
 
         reader.open()
         sizes = field_sizes(reader.manifest, reader._metas, reader.fields)
-        resolved = reader.cache.resolved()
+        tiers = reader.tiers  # as the reader uses them (no SSD tier for a local store)
+        resolved = tiers.config if tiers is not None else reader.cache.resolved()
         self.check_budget(
             {"decoded_bytes": sizes.decoded_bytes, "stored_bytes": sizes.stored_bytes},
             resolved.ram_bytes if resolved.ram_dir else 0,

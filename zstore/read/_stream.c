@@ -73,17 +73,22 @@ static void stream_row(char *dst, const char *src, size_t n) {
 #endif
 }
 
-/* Copy every row (the last axis) of src into dst, walking the leading axes. */
-static void copy_rows(char *dst, const char *src, int ndim, const Py_ssize_t *shape,
-                      const Py_ssize_t *dst_strides, const Py_ssize_t *src_strides,
-                      size_t row_bytes) {
+/* Every row (the last axis) of src into dst, walking the leading axes: rows of
+ * stream_min bytes or more streamed, shorter ones with memcpy; zeros where src is NULL. */
+static void block_rows(char *dst, const char *src, int ndim, const Py_ssize_t *shape,
+                       const Py_ssize_t *ds, const Py_ssize_t *ss, size_t row, size_t stream_min) {
     if (ndim <= 1) {
-        stream_row(dst, src, row_bytes);
+        if (src == NULL)
+            memset(dst, 0, row);
+        else if (row >= stream_min)
+            stream_row(dst, src, row);
+        else
+            memcpy(dst, src, row);
         return;
     }
     for (Py_ssize_t k = 0; k < shape[0]; k++)
-        copy_rows(dst + k * dst_strides[0], src + k * src_strides[0], ndim - 1, shape + 1,
-                  dst_strides + 1, src_strides + 1, row_bytes);
+        block_rows(dst + k * ds[0], src == NULL ? NULL : src + k * ss[0], ndim - 1, shape + 1,
+                   ds + 1, ss == NULL ? NULL : ss + 1, row, stream_min);
 }
 
 static PyObject *stream_copy(PyObject *self, PyObject *args) {
@@ -118,8 +123,8 @@ static PyObject *stream_copy(PyObject *self, PyObject *args) {
     if (!empty) {
         size_t row = (size_t)dst.itemsize * (dst.ndim ? (size_t)dst.shape[dst.ndim - 1] : 1);
         Py_BEGIN_ALLOW_THREADS
-        copy_rows((char *)dst.buf, (const char *)src.buf, dst.ndim, dst.shape, dst.strides,
-                  src.strides, row);
+        block_rows((char *)dst.buf, (const char *)src.buf, dst.ndim, dst.shape, dst.strides,
+                   src.strides, row, 0);
 #ifdef ZS_STREAM
         _mm_sfence(); /* the streamed stores are visible before anyone is told */
 #endif
@@ -130,9 +135,8 @@ static PyObject *stream_copy(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* A block of ndim axes (the last contiguous in both), its axes merged where both sides
- * are contiguous across them, copied row by row: rows of stream_min bytes or more
- * streamed, shorter ones with memcpy.  dst NULL-free; n == 0 copies nothing. */
+/* Axes merged from the last where both sides are contiguous across them (fewer, longer
+ * rows); ss NULL: dst's alone (a zero fill). */
 #define ZS_MAX_DIMS 32
 
 static int merge_axes(int ndim, Py_ssize_t *shape, Py_ssize_t *ds, Py_ssize_t *ss) {
@@ -145,22 +149,6 @@ static int merge_axes(int ndim, Py_ssize_t *shape, Py_ssize_t *ds, Py_ssize_t *s
         ndim--;
     }
     return ndim;
-}
-
-static void block_rows(char *dst, const char *src, int ndim, const Py_ssize_t *shape,
-                       const Py_ssize_t *ds, const Py_ssize_t *ss, size_t row, size_t stream_min) {
-    if (ndim <= 1) {
-        if (src == NULL)
-            memset(dst, 0, row);
-        else if (row >= stream_min)
-            stream_row(dst, src, row);
-        else
-            memcpy(dst, src, row);
-        return;
-    }
-    for (Py_ssize_t k = 0; k < shape[0]; k++)
-        block_rows(dst + k * ds[0], src == NULL ? NULL : src + k * ss[0], ndim - 1, shape + 1,
-                   ds + 1, ss == NULL ? NULL : ss + 1, row, stream_min);
 }
 
 /* dst's slice [at, at + n) along axis (src's [lo, lo + n), or zeros where src is NULL). */

@@ -81,24 +81,15 @@ class MappedValues:
         windows looks up ~50 shards)."""
         if self.tier.evictions.head() != self.evicted_seen:
             self.drop_evicted()
-        maps = self.maps
-        found = [maps.get(key) for key, _ in wanted]
-        if None not in found:  # all mapped here already: the usual warm batch
-            self.tier.touch_many([key for key, _ in wanted])
-            self.tier.stats.add(f"{self.tier.name}_hits", len(found))
-            return found
-        out: list[Mapped | None] = []
-        hit: list[str] = []
-        for (key, make_view), entry in zip(wanted, found):
-            if entry is None:
-                out.append(self.get(key, make_view))
-                continue
-            hit.append(key)
-            out.append(entry)
+        found = [self.maps.get(key) for key, _ in wanted]
+        hit = [key for (key, _), entry in zip(wanted, found) if entry is not None]
         if hit:
             self.tier.touch_many(hit)
             self.tier.stats.add(f"{self.tier.name}_hits", len(hit))
-        return out
+        return [  # the rest as get() maps them (a miss counted, or a map made)
+            entry if entry is not None else self.get(key, make_view)
+            for (key, make_view), entry in zip(wanted, found)
+        ]
 
     def discard(self, key: str) -> None:
         """Unmap a value found corrupt and drop it from the tier, so it is rebuilt; the

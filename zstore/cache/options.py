@@ -16,6 +16,7 @@ from typing import Any
 
 from zstore.errors import ConfigError
 from zstore.units import parse_size
+from zstore.urls import on_local_disk
 
 AUTO = "auto"
 RAM_FORMATS = ("auto", "decoded", "encoded")
@@ -196,8 +197,17 @@ class ResolvedCache:
     max_requests: int
     shared_gid: int | None = None
     #: the SSD tier's directory is the default (no argument, no ZSTORE_SSD_DIR): a reader
-    #: of a store on a local disk then goes without it (:func:`zstore.urls.on_local_disk`)
+    #: of a store on a local disk then goes without it (:meth:`for_store`)
     ssd_auto: bool = False
+
+    def for_store(self, url: str, *, origin_fs: Any = None) -> ResolvedCache:
+        """These tiers as a reader of the store at ``url`` uses them: without the default
+        SSD tier when the store is on a local disk (:func:`zstore.urls.on_local_disk`)
+        and read through no other file system: it is read from there directly (an SSD
+        tier would copy it to a disk of the same kind)."""
+        if self.ssd_dir and self.ssd_auto and origin_fs is None and on_local_disk(url):
+            return dataclasses.replace(self, ssd_dir=None, ssd_bytes=0)
+        return self
 
 
 def _resolve_dir(value: Any, default: str | None) -> str | None:

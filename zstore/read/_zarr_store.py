@@ -82,7 +82,11 @@ class CachedStore(Store):
         self.complete = complete
         self._metas: Any = None  # the store's ArrayMetas, read on the first missing key
         self._origin = zarr_store(self.url, self.storage_options, read_only=True)
-        self.tiers = TieredCache(cache.resolved(), store_id) if cache is not None else None
+        self.tiers = (
+            TieredCache(cache.resolved().for_store(self.url), store_id)
+            if cache is not None
+            else None
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,6 @@ zarr's own indexing.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import json
 import os
@@ -58,7 +57,7 @@ from zstore.read._ram_shards import (
 )
 from zstore.read._zarr_store import CachedStore
 from zstore.read.streamcopy import copy_streamed
-from zstore.urls import is_url, network_fs_type, on_local_disk
+from zstore.urls import is_url, network_fs_type
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
@@ -118,10 +117,11 @@ class WindowReader:
         """Read the manifest and set up this process's handles (idempotent per process)."""
         if self._pid == os.getpid():
             return self
-        resolved: ResolvedCache | None = self.cache.resolved() if self.cache else None
-        if resolved and resolved.ssd_dir and resolved.ssd_auto and self.origin_fs is None:
-            if on_local_disk(self.url):  # read directly: no SSD copy (see CacheConfig)
-                resolved = dataclasses.replace(resolved, ssd_dir=None, ssd_bytes=0)
+        resolved: ResolvedCache | None = (
+            self.cache.resolved().for_store(self.url, origin_fs=self.origin_fs)
+            if self.cache
+            else None
+        )
         self.tiers: TieredCache | None = None
 
         def tables(store_id: str) -> str | None:  # item tables: one copy per node

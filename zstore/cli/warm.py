@@ -56,6 +56,7 @@ def warm(
             reader = local.reader = pickle.loads(pickle.dumps(first)).open()
             if reader.form is not None:  # warming waits for its builds
                 reader.form.inline = True
+            reader.start_builds()  # its whole-shard SSD writes run behind its fetches
         position = positions[item]
         spans = {
             n: Span(0, reader.placed(item, n, position)[2])

@@ -22,7 +22,10 @@ Three kinds of build go there:
   then the process reads it from memory (``zstore.read._ssd_shards``).
 
 A build runs on a core the reading process leaves idle, or (all cores busy) costs what
-it cost before.  The queue is bounded in shards and in bytes handed over; past that a
+it cost before.  A process's builds wait for its first read to be served (``held``): the
+first batch of a fresh job is read with no fill beside it (one rank on a cold NFS-like
+origin: 1.22x of no tiers' time to the first batch with the fills started at once,
+1.05x held; docs/benchmarks-notes.md).  The queue is bounded in shards and in bytes handed over; past that a
 shard is read from its chunks and asked for again on its next read, so the fill never
 waits in front of a read.
 """
@@ -89,8 +92,11 @@ class BehindBuilds:
         name: str = "zstore-build",
         on_idle: Callable[[], None] | None = None,
         max_bytes: int = MAX_PENDING_BYTES,
+        held: bool = False,
     ):
         self.name = name
+        #: builds are queued but not started until :meth:`release` (or :meth:`wait`)
+        self.held = held
         self.max_bytes = max_bytes
         #: run in the builder thread each time the queue drains (drop its scratch memory)
         self.on_idle = on_idle
@@ -129,13 +135,24 @@ class BehindBuilds:
             self.pending.update(keys)
             self.pending_bytes += nbytes
             self._jobs.append((keys, build, nbytes))
-            if self._thread is None:
-                # Not a daemon: a process that exits finishes its queued fills (at most
-                # MAX_PENDING shards) instead of leaving a value file half written (its
-                # mode and bytes unfinished until a later sweep removes it).
-                self._thread = self._last = threading.Thread(target=self._drain, name=self.name)
-                self._thread.start()
+            if not self.held:
+                self._start()
         return True
+
+    def release(self) -> None:
+        """Start the builds held back so far, and every later one as it comes."""
+        with self._lock:
+            self.held = False
+            self._start()
+
+    def _start(self) -> None:
+        """Start the thread when jobs wait and none runs (under ``_lock``)."""
+        if self._thread is None and self._jobs:
+            # Not a daemon: a process that exits finishes its queued fills (at most
+            # MAX_PENDING shards) instead of leaving a value file half written (its
+            # mode and bytes unfinished until a later sweep removes it).
+            self._thread = self._last = threading.Thread(target=self._drain, name=self.name)
+            self._thread.start()
 
     def _drain(self) -> None:
         while True:
@@ -173,8 +190,9 @@ class BehindBuilds:
                 self.on_idle()  # waiters wake when the thread ends (_drain)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until no build is pending and the thread has ended; False if
-        ``timeout`` passed first."""
+        """Wait until no build is pending and the thread has ended (builds held back
+        start now); False if ``timeout`` passed first."""
+        self.release()
         with self._lock:
             done = self._idle.wait_for(lambda: not self.pending and self._thread is None, timeout)
             last = self._last

@@ -152,9 +152,11 @@ class WindowReader:
             and resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
         )
         self.fetch = self._fetch_mode(resolved)
-        #: this process's work behind the reads: RAM fills, and whole-shard SSD writes
-        self.behind = BehindBuilds(on_idle=drop_reused_scratch)
-        self.writes = BehindBuilds("zstore-ssd-write", max_bytes=MAX_WRITE_BYTES)
+        #: this process's work behind the reads: RAM fills, and whole-shard SSD writes;
+        #: both held until its first read is served (see ``start_builds``)
+        self.behind = BehindBuilds(on_idle=drop_reused_scratch, held=True)
+        self.writes = BehindBuilds("zstore-ssd-write", max_bytes=MAX_WRITE_BYTES, held=True)
+        self._holding = True
         self.source = ChunkSource(
             self.url,
             self.origin,
@@ -285,10 +287,23 @@ class WindowReader:
         """Read ``spans`` (per field; None = the whole array) of ``item`` (at
         ``position`` in the manifest, when the caller knows it)."""
         self.open()
-        with self._lock:  # the unmapping thread edits the maps between reads
-            out = self._read(item, spans, position)
+        try:
+            with self._lock:  # the unmapping thread edits the maps between reads
+                out = self._read(item, spans, position)
+        finally:
+            if self._holding:
+                self.start_builds()
         self._trim()
         return out
+
+    def start_builds(self) -> None:
+        """Let this process's builds behind the reads start.  They are held until its
+        first read (or batch) is served, so that a fresh job's first batch is read with
+        no fill beside it; ``zstore cache warm`` starts them before its first fetch."""
+        self.open()
+        self._holding = False
+        self.behind.release()
+        self.writes.release()
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until the shards this process is building behind its reads are in the
@@ -337,6 +352,18 @@ class WindowReader:
         the batch is full, not right away.  Each window is ``(item, spans, position)``,
         the position in the manifest when the caller knows it (else None)."""
         self.open()
+        try:
+            self._read_batch(windows, outs, copy)
+        finally:
+            if self._holding:
+                self.start_builds()
+
+    def _read_batch(
+        self,
+        windows: Sequence[tuple[str, dict[str, Span | None], int | None]],
+        outs: list[dict[str, np.ndarray]],
+        copy: Callable[[list[Callable[[], None]]], None] | None,
+    ) -> None:
         with self._lock:
             packed = packed_batch(self, windows, outs)
         if packed is not None:  # windows of packed short items, their shards mapped

@@ -7,7 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh test
 bin=$("$PY" -c 'import os, sys; print(os.path.dirname(sys.executable))')
-echo "== layers (lint-imports)" && "$bin/lint-imports" --no-cache
-echo "== types (mypy)" && "$PY" -m mypy
-echo "== style (ruff)" && "$PY" -m ruff check . && "$PY" -m ruff format --check .
+# one command per line: set -e does not stop at a failing command inside an && list
+echo "== layers (lint-imports)"
+"$bin/lint-imports" --no-cache
+echo "== types (mypy)"
+"$PY" -m mypy
+echo "== style (ruff)"
+"$PY" -m ruff check .
+"$PY" -m ruff format --check .
 exec "$PY" -m pytest -m "not slow" -q "$@"

@@ -203,20 +203,20 @@ def test_fills_wait_until_the_first_batch_is_served(small_store, tmp_path, monke
     del batches
 
 
-def test_held_builds_start_on_release_or_wait():
+@pytest.mark.parametrize("start", ["release", "wait"])
+def test_held_builds_start_on_release_or_wait(start):
     """``BehindBuilds(held=True)`` queues builds without running them; ``release`` starts
     them, and ``wait`` (a reader's ``settle``) does too rather than wait forever."""
     from zstore.read._builds import BehindBuilds
 
-    for start in ("release", "wait"):
-        ran: list[str] = []
-        builds = BehindBuilds(held=True)
-        assert builds.submit("a", lambda done: ran.append("a"))
-        assert builds.submit(["b", "c"], lambda done: ran.append("bc"))
-        assert ran == [] and "a" in builds and builds._thread is None
-        if start == "release":
-            builds.release()
-        assert builds.wait(120)
-        assert ran == ["a", "bc"] and not builds.pending
-        assert builds.submit("d", lambda done: ran.append("d"))  # no longer held
-        assert builds.wait(120) and ran[-1] == "d"
+    ran: list[str] = []
+    builds = BehindBuilds(held=True)
+    assert builds.submit("a", lambda done: ran.append("a"))
+    assert builds.submit(["b", "c"], lambda done: ran.append("bc"))
+    assert ran == [] and "a" in builds and builds._thread is None
+    if start == "release":
+        builds.release()
+    assert builds.wait(120)
+    assert ran == ["a", "bc"] and not builds.pending
+    assert builds.submit("d", lambda done: ran.append("d"))  # no longer held
+    assert builds.wait(120) and ran[-1] == "d"

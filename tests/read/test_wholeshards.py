@@ -246,3 +246,59 @@ def test_whole_shard_writes_do_not_hold_up_the_ram_fills(small_store, tmp_path, 
     assert reader.settle(timeout=120)
     assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
     np.testing.assert_array_equal(got, wav[:, :16000])
+
+
+def test_ranges_around_other_fetches_are_read_while_this_ones_run(small_store, tmp_path):
+    """One read's shards that another process is fetching whole (read by ranges around
+    them) and those this process fetches whole go to the origin at once, not one after
+    the other: the whole fetch here waits until the ranges are in, which, fetched
+    after it (as they were), would never be."""
+    from zstore.read._chunks import ChunkSource
+    from zstore.read._whole_fetch import WholeFetch
+
+    cfg = zstore.CacheConfig(
+        ram_dir=None, ssd_dir=tmp_path / "ssd", ssd_bytes="256MB", fetch="shard"
+    )
+    around, mine = "utt000003", "utt000004"
+    root = zarr.open_group(small_store, mode="r")
+    reader = WindowReader(small_store, cache=cfg).open()
+    other = WindowReader(small_store, cache=cfg).open()  # as the process fetching one
+    layouts = {item: reader.layout(item, "wav") for item in (around, mine)}
+    held = other.tiers.fill_locks.acquire([other.source.whole.key(layouts[around].object_key(0))])
+    ranges_in, order = threading.Event(), []
+    real_fetch, real_many = WholeFetch.fetch, ChunkSource.fetch_many
+
+    def fetch(self, todo, locks):
+        order.append(("whole", sorted(todo), ranges_in.wait(120)))
+        return real_fetch(self, todo, locks)
+
+    def fetch_many(self, keys, *args, **kwargs):
+        got = real_many(self, keys, *args, **kwargs)
+        if any("#r" in k for k in keys):
+            order.append(("ranges", sorted(k.split("#")[0] for k in keys), True))
+            ranges_in.set()
+        return got
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(WholeFetch, "fetch", fetch)
+            mp.setattr(ChunkSource, "fetch_many", fetch_many)
+            need = [(layouts[around], 1), (layouts[mine], 0), (layouts[mine], 2)]
+            got = reader.source.raw(need, ram=False)
+    finally:
+        other.tiers.fill_locks.release(held)
+    assert order == [
+        ("ranges", [layouts[around].object_key(0)], True),
+        ("whole", [layouts[mine].object_key(0)], True),
+    ] or order == [
+        ("whole", [layouts[mine].object_key(0)], True),
+        ("ranges", [layouts[around].object_key(0)], True),
+    ]
+    chunk = layouts[mine].chunk
+    for (layout, k), (request, data) in zip(need, got):
+        item = around if layout is layouts[around] else mine
+        want = root[f"{item}/wav"][:, k * chunk : (k + 1) * chunk]
+        decoded = reader.source.decode(layout, request, data)
+        np.testing.assert_array_equal(decoded[:, : want.shape[1]], want)
+    assert reader.settle(timeout=120)
+    assert reader.source.whole.held(layouts[mine], layouts[mine].object_key(0), [0]) is not None

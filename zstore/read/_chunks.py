@@ -9,7 +9,6 @@ RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from collections.abc import Collection
 
@@ -21,6 +20,7 @@ from zstore.format import EMPTY, ArrayLayout, decode_chunk, decode_index, fill_c
 from zstore.origin import Origin, Request, describe
 from zstore.read._builds import BehindBuilds
 from zstore.read._ssd_shards import Held, WholeShards
+from zstore.read._whole_fetch import Pending, WholeFetch, finish
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
 COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size
@@ -49,6 +49,11 @@ class ChunkSource:
         self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
         self.whole = (
             WholeShards(url, tiers, behind) if tiers is not None and tiers.ssd is not None else None
+        )
+        self.whole_fetch = (
+            WholeFetch(self.whole, self._read, self._missing, complete)
+            if self.whole is not None
+            else None
         )
 
     def _missing(self, obj: str, what: str) -> MissingDataError:
@@ -108,18 +113,55 @@ class ChunkSource:
     ) -> list[tuple[Request | None, bytes | memoryview | None]]:
         """The encoded bytes of (layout, chunk number) pairs and the origin request each
         came from; (None, None) for a chunk never written (stores of other writers)."""
-        held, around = self._held(need)
+        held, around, pending = (
+            self.whole_fetch.find(need, fetch=self.fetch == "shard")
+            if self.whole_fetch is not None
+            else ({}, set(), None)
+        )
+        try:  # the ranges around shards fetched whole elsewhere, while this one's run
+            out, later = self._ranges(need, held, around, pending, ram)
+        except BaseException:
+            finish(pending, failing=True)
+            raise
+        fetched = finish(pending)
+        for i, obj, n in later:
+            span = fetched[obj].chunk(n)
+            if span is None and self.complete:
+                raise self._missing(obj, f"chunk {n} of shard")
+            if span is not None:
+                out[i] = ((obj, *span), fetched[obj].payload[span[0] : span[1]])
+        if self.complete:
+            for i, (layout, k) in enumerate(need):
+                if out[i][1] is None:
+                    raise self._missing(layout.object_key(k // layout.chunks_per_shard), "chunk")
+        return out
+
+    def _ranges(
+        self,
+        need: list[tuple[ArrayLayout, int]],
+        held: dict[str, Held],
+        around: set[str],
+        pending: Pending | None,
+        ram: bool,
+    ) -> tuple[list[tuple[Request | None, bytes | memoryview | None]], list[tuple[int, str, int]]]:
+        """The bytes of ``need`` from shards ``held`` whole and, through the tiers and the
+        origin, by ranges; and (slot, object, chunk in shard) of those in shards
+        ``pending`` fetches whole, to take from it once it is done."""
+        coming = pending.objs if pending is not None else set()
         indexes = self.index(
             [
                 (layout, k // layout.chunks_per_shard)
                 for layout, k in need
-                if layout.sharded and layout.object_key(k // layout.chunks_per_shard) not in held
+                if layout.sharded
+                and (obj := layout.object_key(k // layout.chunks_per_shard)) not in held
+                and obj not in coming
             ],
             ranges=around,
         )
         keys: list[str] = []
         requests: list[Request] = []
         slots: list[int] = []
+        later: list[tuple[int, str, int]] = []
         layouts: dict[str, ArrayLayout] = {}
         out: list[tuple[Request | None, bytes | memoryview | None]] = [(None, None)] * len(need)
         for i, (layout, k) in enumerate(need):
@@ -128,6 +170,9 @@ class ChunkSource:
                 keys.append(obj)
                 requests.append((obj, None, None))
                 slots.append(i)
+                continue
+            if obj in coming:
+                later.append((i, obj, k % layout.chunks_per_shard))
                 continue
             whole = held.get(obj)
             offset, nbytes = (whole.index if whole is not None else indexes[obj])[
@@ -150,93 +195,13 @@ class ChunkSource:
         )
         for i, request, data in zip(slots, requests, values):
             out[i] = (request, data)
-        if self.complete:
-            for i, (layout, k) in enumerate(need):
-                if out[i][1] is None:
-                    raise self._missing(layout.object_key(k // layout.chunks_per_shard), "chunk")
-        return out
-
-    def _held(self, need: list[tuple[ArrayLayout, int]]) -> tuple[dict[str, Held], set[str]]:
-        """The shards of ``need`` at hand whole: mapped from the SSD tier, or (with
-        ``fetch="shard"``) fetched whole now and kept there; and the shards another
-        process is fetching whole now (their chunks are read by ranges, not waited for)."""
-        if self.whole is None:
-            return {}, set()
-        wanted: dict[str, tuple[ArrayLayout, list[int]]] = {}
-        for layout, k in need:
-            if layout.sharded:
-                obj = layout.object_key(k // layout.chunks_per_shard)
-                wanted.setdefault(obj, (layout, []))[1].append(k % layout.chunks_per_shard)
-        held: dict[str, Held] = {}
-        with self.whole.values.lock:  # its unmapping thread edits the maps
-            for obj, (layout, chunks) in wanted.items():
-                found = self.whole.held(layout, obj, chunks)
-                if found is not None:
-                    held[obj] = found
-        todo = {obj: wanted[obj] for obj in wanted if obj not in held}
-        around: set[str] = set()
-        if todo and self.fetch == "shard":
-            got, around = self._fetch_whole(todo, wait=False)
-            held.update(got)
-        return held, around
+        return out, later
 
     def keep_whole(self, layout: ArrayLayout) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
         one at a time; shards it holds already are left alone."""
-        if self.whole is None or not layout.sharded:
-            return
-        for s in range(-(-layout.length // layout.shard)):
-            obj = layout.object_key(s)
-            with self.whole.values.lock:
-                if self.whole.held(layout, obj, []) is not None:
-                    continue
-            self._fetch_whole({obj: (layout, [])}, wait=True)
-
-    def _fetch_whole(
-        self, todo: dict[str, tuple[ArrayLayout, list[int]]], *, wait: bool = True
-    ) -> tuple[dict[str, Held], set[str]]:
-        """Fetch shard objects whole (one concurrent origin round) into the SSD tier,
-        once for the node: the fill lock's holder fetches.  ``wait``: the others wait
-        and find it mapped; else they get the objects being fetched elsewhere back, to
-        read by ranges."""
-        assert self.whole is not None
-        held: dict[str, Held] = {}
-        locks: dict[str, list[int]] = {}
-        with contextlib.ExitStack() as stack:
-            if wait:
-                stack.enter_context(self.whole.locked(list(todo)))
-                free, busy = list(todo), set[str]()
-            else:
-                locks, busy = stack.enter_context(self.whole.first_free(list(todo)))
-                free = list(locks)
-            with self.whole.values.lock:
-                for obj in free:
-                    layout, chunks = todo[obj]
-                    found = self.whole.held(layout, obj, chunks, again=True)
-                    if found is not None:
-                        held[obj] = found
-            objs = [obj for obj in free if obj not in held]
-            for obj, data in zip(objs, self._read([(o, None, None) for o in objs])):
-                layout = todo[obj][0]
-                if data is None and self.complete:
-                    raise self._missing(obj, "shard")
-                if data is None:  # a shard the store never wrote: all fill value
-                    index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
-                    held[obj] = Held(index, b"")
-                    continue
-                view = memoryview(data)
-                index = decode_index(
-                    layout,
-                    view[len(view) - layout.index_bytes :],
-                    f"{self.url}: {obj} (shard index)",
-                )
-                held[obj] = Held(index, view)
-                # written behind the reads when there is room (it then owns the lock)
-                if obj in locks and self.whole.put_behind(obj, held[obj], locks[obj]):
-                    del locks[obj]
-                else:
-                    self.whole.put(obj, view)
-        return held, busy
+        if self.whole_fetch is not None:
+            self.whole_fetch.keep(layout)
 
     def decode(
         self,

@@ -25,9 +25,9 @@ A build runs on a core the reading process leaves idle, or (all cores busy) cost
 it cost before.  A process's builds wait for its first read to be served (``held``): the
 first batch of a fresh job is read with no fill beside it (one rank on a cold NFS-like
 origin: 1.22x of no tiers' time to the first batch with the fills started at once,
-1.05x held; docs/benchmarks-notes.md).  The queue is bounded in shards and in bytes handed over; past that a
-shard is read from its chunks and asked for again on its next read, so the fill never
-waits in front of a read.
+1.05x held; docs/benchmarks-notes.md).  The queue is bounded in shards and in bytes
+handed over; past that a shard is read from its chunks and asked for again on its next
+read, so the fill never waits in front of a read.
 """
 
 from __future__ import annotations

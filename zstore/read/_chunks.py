@@ -125,11 +125,9 @@ class ChunkSource:
             raise
         fetched = finish(pending)
         for i, obj, n in later:
-            span = fetched[obj].chunk(n)
-            if span is None and self.complete:
-                raise self._missing(obj, f"chunk {n} of shard")
-            if span is not None:
-                out[i] = ((obj, *span), fetched[obj].payload[span[0] : span[1]])
+            got = self._held_chunk(obj, n, fetched[obj])
+            if got is not None:
+                out[i] = got
         if self.complete:
             for i, (layout, k) in enumerate(need):
                 if out[i][1] is None:
@@ -175,17 +173,17 @@ class ChunkSource:
                 later.append((i, obj, k % layout.chunks_per_shard))
                 continue
             whole = held.get(obj)
-            offset, nbytes = (whole.index if whole is not None else indexes[obj])[
-                k % layout.chunks_per_shard
-            ]
+            if whole is not None:
+                got = self._held_chunk(obj, k % layout.chunks_per_shard, whole)
+                if got is not None:
+                    out[i] = got
+                continue
+            offset, nbytes = indexes[obj][k % layout.chunks_per_shard]
             if offset == EMPTY and self.complete:
                 raise self._missing(obj, f"chunk {k % layout.chunks_per_shard} of shard")
             if offset == EMPTY:  # never written: the fill value
                 continue
             start, stop = int(offset), int(offset + nbytes)
-            if whole is not None:
-                out[i] = ((obj, start, stop), whole.payload[start:stop])
-                continue
             layouts[obj] = layout
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
@@ -196,6 +194,19 @@ class ChunkSource:
         for i, request, data in zip(slots, requests, values):
             out[i] = (request, data)
         return out, later
+
+    def _held_chunk(
+        self, obj: str, n: int, whole: Held
+    ) -> tuple[Request, bytes | memoryview] | None:
+        """Chunk ``n`` of shard object ``obj``, at hand ``whole``, as :meth:`raw` gives
+        it; None when it was never written (the fill value; an error for a store that
+        must be complete)."""
+        span = whole.chunk(n)
+        if span is None and self.complete:
+            raise self._missing(obj, f"chunk {n} of shard")
+        if span is None:
+            return None
+        return (obj, *span), whole.payload[span[0] : span[1]]
 
     def keep_whole(self, layout: ArrayLayout) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),

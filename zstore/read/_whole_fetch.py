@@ -86,18 +86,13 @@ class WholeFetch:
         if not todo or not fetch:
             return held, set(), None
         stack = contextlib.ExitStack()
-        try:
-            locks, busy = stack.enter_context(self.whole.first_free(list(todo)))
-        except BaseException:
-            stack.close()
-            raise
+        locks, busy = stack.enter_context(self.whole.first_free(list(todo)))
         if not locks:
             stack.close()
             return held, busy, None
         mine = {obj: todo[obj] for obj in locks}
         # the fetch's thread releases the locks no SSD write behind the reads took over
-        moved = stack.pop_all()
-        return held, busy, Pending(list(mine), lambda: self._fetch_released(mine, locks, moved))
+        return held, busy, Pending(list(mine), lambda: self._fetch_released(mine, locks, stack))
 
     def _fetch_released(
         self, todo: Wanted, locks: dict[str, list[int]], stack: contextlib.ExitStack

@@ -13,12 +13,13 @@ zarr's own indexing.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -287,14 +288,20 @@ class WindowReader:
         """Read ``spans`` (per field; None = the whole array) of ``item`` (at
         ``position`` in the manifest, when the caller knows it)."""
         self.open()
+        with self._first_served(), self._lock:  # the unmapping thread edits the maps
+            out = self._read(item, spans, position)
+        self._trim()
+        return out
+
+    @contextlib.contextmanager
+    def _first_served(self) -> Iterator[None]:
+        """Start the builds held back (:meth:`start_builds`) once this read is served,
+        or has failed."""
         try:
-            with self._lock:  # the unmapping thread edits the maps between reads
-                out = self._read(item, spans, position)
+            yield
         finally:
             if self._holding:
                 self.start_builds()
-        self._trim()
-        return out
 
     def start_builds(self) -> None:
         """Let this process's builds behind the reads start.  They are held until its
@@ -352,11 +359,8 @@ class WindowReader:
         the batch is full, not right away.  Each window is ``(item, spans, position)``,
         the position in the manifest when the caller knows it (else None)."""
         self.open()
-        try:
+        with self._first_served():
             self._read_batch(windows, outs, copy)
-        finally:
-            if self._holding:
-                self.start_builds()
 
     def _read_batch(
         self,

@@ -84,12 +84,10 @@ class ChunkSource:
             else:
                 todo[obj] = layout
         if todo and self.whole is not None:  # a shard the SSD tier holds whole has its index
-            with self.whole.values.lock:
-                for obj, layout in list(todo.items()):
-                    held = self.whole.held(layout, obj, [])
-                    if held is not None:
-                        found[obj] = held.index
-                        del todo[obj]
+            held = self.whole.held_many({obj: (layout, []) for obj, layout in todo.items()})
+            for obj, whole in held.items():
+                found[obj] = whole.index
+                del todo[obj]
         if todo:
             keys = [f"{obj}#s{layout.index_bytes}" for obj, layout in todo.items()]
             requests: list[Request] = [

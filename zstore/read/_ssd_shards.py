@@ -64,6 +64,10 @@ class Held:
         return int(offset), int(offset + nbytes)
 
 
+#: (layout, chunk numbers wanted) by shard object
+Wanted = dict[str, tuple[ArrayLayout, list[int]]]
+
+
 class WholeShards:
     """The SSD tier's whole shard objects of one store, as this process maps them."""
 
@@ -103,6 +107,17 @@ class WholeShards:
                 self.values.discard(key)  # corrupt in the tier: read the chunks anew
                 return None
         self._absent.discard(key)
+        return found
+
+    def held_many(self, wanted: Wanted, *, again: bool = False) -> dict[str, Held]:
+        """:meth:`held` for each shard object of ``wanted``, under the maps' lock (this
+        process's unmapping thread edits them): those found."""
+        found: dict[str, Held] = {}
+        with self.values.lock:
+            for obj, (layout, chunks) in wanted.items():
+                got = self.held(layout, obj, chunks, again=again)
+                if got is not None:
+                    found[obj] = got
         return found
 
     def put(self, obj: str, data: bytes | memoryview) -> None:

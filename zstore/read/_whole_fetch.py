@@ -22,10 +22,7 @@ import numpy as np
 from zstore.errors import MissingDataError
 from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.origin import Request
-from zstore.read._ssd_shards import Held, WholeShards
-
-#: (layout, chunk numbers wanted) by shard object
-Wanted = dict[str, tuple[ArrayLayout, list[int]]]
+from zstore.read._ssd_shards import Held, Wanted, WholeShards
 
 
 class Pending:
@@ -76,12 +73,7 @@ class WholeFetch:
             if layout.sharded:
                 obj = layout.object_key(k // layout.chunks_per_shard)
                 wanted.setdefault(obj, (layout, []))[1].append(k % layout.chunks_per_shard)
-        held: dict[str, Held] = {}
-        with self.whole.values.lock:  # its unmapping thread edits the maps
-            for obj, (layout, chunks) in wanted.items():
-                found = self.whole.held(layout, obj, chunks)
-                if found is not None:
-                    held[obj] = found
+        held = self.whole.held_many(wanted)
         todo = {obj: wanted[obj] for obj in wanted if obj not in held}
         if not todo or not fetch:
             return held, set(), None
@@ -108,9 +100,8 @@ class WholeFetch:
             return
         for s in range(-(-layout.length // layout.shard)):
             obj = layout.object_key(s)
-            with self.whole.values.lock:
-                if self.whole.held(layout, obj, []) is not None:
-                    continue
+            if self.whole.held_many({obj: (layout, [])}):
+                continue
             with self.whole.locked([obj]):
                 self.fetch({obj: (layout, [])}, {})
 
@@ -119,12 +110,7 @@ class WholeFetch:
         holding the node's fill locks for them.  ``locks``: the objects whose SSD write
         may go behind the reads, which then releases its lock (taken out of ``locks``);
         the others are written here."""
-        held: dict[str, Held] = {}
-        with self.whole.values.lock:  # fetched by another process since it was looked up
-            for obj, (layout, chunks) in todo.items():
-                found = self.whole.held(layout, obj, chunks, again=True)
-                if found is not None:
-                    held[obj] = found
+        held = self.whole.held_many(todo, again=True)  # fetched elsewhere since looked up
         objs = [obj for obj in todo if obj not in held]
         for obj, data in zip(objs, self.read([(o, None, None) for o in objs])):
             layout = todo[obj][0]

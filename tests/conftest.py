@@ -252,21 +252,26 @@ def corpus_files(tmp_path):
 def every_stripe_held():
     """``every_stripe_held(locks)``: holds every stripe of a ``StripedLocks`` on
     descriptors of its own (as another process would: ``flock`` excludes other
-    descriptors of the same process too) until the test ends."""
+    descriptors of the same process too) until the test ends, or until the function
+    it returns is called."""
     import fcntl
 
     fds: list[int] = []
 
-    def hold(locks) -> None:
+    def release() -> None:
+        while fds:
+            os.close(fds.pop())
+
+    def hold(locks):
         assert locks._safe()
         for stripe in range(locks.stripes):
             fd = locks._open(stripe)
             fds.append(fd)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return release
 
     yield hold
-    for fd in fds:
-        os.close(fd)
+    release()
 
 
 @pytest.fixture

@@ -125,14 +125,12 @@ def test_a_first_read_with_a_ram_tier_only_takes_no_fill_lock(
 
 @pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
 def test_a_shard_read_around_a_held_lock_is_filled_on_its_next_read(
-    small_store, tmp_path, ram_format
+    small_store, tmp_path, ram_format, every_stripe_held
 ):
     """A first touch that finds the node's lock for its shard held (another process,
     or another fill on the same lock stripe) reads around it and fills nothing; the
     shard's next read, with the lock free, fills it behind the read, and the read after
     that is served from the tier."""
-    import fcntl
-
     cfg = zstore.CacheConfig(
         ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format, ssd_dir=None
     )
@@ -140,19 +138,12 @@ def test_a_shard_read_around_a_held_lock_is_filled_on_its_next_read(
     reader.start_builds()
     root = zarr.open_group(small_store, mode="r")
     want = root[f"{ITEM}/wav"][:, 16000:48000]
-    locks = reader.tiers.decode_locks
-    assert locks._safe()  # the lock directory, made
-    fds = [locks._open(stripe) for stripe in range(locks.stripes)]
-    try:
-        for fd in fds:  # as another process holds them: flock is per descriptor
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        np.testing.assert_array_equal(reader.read(ITEM, SPANS)["wav"], want)
-        assert reader.settle(timeout=120)
-        fills = zstore.cache_stats(cfg)["ram"]["fills"]
-        assert fills == len(SPANS)  # the shard indexes only
-    finally:
-        for fd in fds:
-            os.close(fd)
+    release = every_stripe_held(reader.tiers.decode_locks)
+    np.testing.assert_array_equal(reader.read(ITEM, SPANS)["wav"], want)
+    assert reader.settle(timeout=120)
+    fills = zstore.cache_stats(cfg)["ram"]["fills"]
+    assert fills == len(SPANS)  # the shard indexes only
+    release()
     np.testing.assert_array_equal(reader.read(ITEM, SPANS)["wav"], want)
     assert reader.settle(timeout=120)
     assert zstore.cache_stats(cfg)["ram"]["fills"] == fills + len(SPANS)  # both shards

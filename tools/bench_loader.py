@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -29,7 +28,7 @@ EPOCHS = 2  # the first maps the tier's shards and makes the loaders' buffers; t
 BUDGET_S = 40.0  # a slow contender stops after this long (windows/s stays comparable)
 S3 = {"latency": 0.020, "bandwidth": 100e6}
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_docs import replace_section  # noqa: E402
+from bench_docs import replace_section, run_ranks  # noqa: E402
 
 MARK_BEGIN = "<!-- training loop: begin (tools/bench_loader.py) -->"
 MARK_END = "<!-- training loop: end -->"
@@ -160,20 +159,11 @@ def run(
     """Windows/s of the node in each epoch: ``ranks`` fresh processes, each reading
     ``limit`` windows an epoch (the dataset draws enough windows per item for that) and
     running the step on ``step_threads`` torch threads (None: torch's default)."""
-    ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(ranks), ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=rank,
-            args=(kind, store, h5, cache, r, ranks, limit, origin, step_threads, barrier, queue),
-        )
-        for r in range(ranks)
-    ]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=3600) for _ in procs]
-    for p in procs:
-        p.join(600)
+    results = run_ranks(
+        rank,
+        lambda r, b, q: (kind, store, h5, cache, r, ranks, limit, origin, step_threads, b, q),
+        ranks,
+    )
     return [sum(r[e][0] for r in results) / max(r[e][1] for r in results) for e in range(EPOCHS)]
 
 

@@ -6,7 +6,8 @@ Contenders, same dataset, same windows, in one run: zstore.WindowLoader; torch's
 DataLoader with 0 and 2 workers over the same WindowDataset; a plain loop over ds[i];
 h5py hyperslab reads in a DataLoader with 2 workers.  Warm (decoded RAM tier holding
 the data) with 1 rank and 4 ranks on the node, and cold from the S3-like latency model
-(20 ms a request, 100 MB/s a stream).  Writes the section "Training loop" of
+(20 ms a request, 100 MB/s a stream).  Each section starts with one run that is not
+counted, then runs the contenders interleaved, each one first in turn.  Writes the section "Training loop" of
 docs/benchmarks.md and docs/benchmarks-loader.json.
 """
 
@@ -195,23 +196,37 @@ def main() -> None:
     # The training step runs on one torch thread (torchrun's default for several ranks
     # per node; a GPU step leaves the cores to the data), and once with torch's default
     # threads on every core for one rank, for comparison.
+    # Each section starts with one run that is not counted, then runs its contenders
+    # interleaved, each one first in turn: on this virtual machine the first run after a
+    # change read slower whichever configuration it was (docs/benchmarks-notes.md, "The
+    # tool's own order and process").
     for ranks, step_threads, label in ((1, 1, ""), (4, 1, ""), (1, None, ", step on every core")):
+        n = args.windows // ranks
+        run(kinds[0], store, h5, warm, ranks, n, step_threads=step_threads)  # not counted
+        runs: dict[str, list[list[float]]] = {kind: [] for kind in kinds}
+        for rep in range(args.reps):
+            for kind in kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]:
+                runs[kind].append(run(kind, store, h5, warm, ranks, n, step_threads=step_threads))
+                print(
+                    f"warm {ranks} rank(s){label} {kind:20s} windows/s by epoch {runs[kind][-1]}",
+                    flush=True,
+                )
         for kind in kinds:
-            runs = [
-                run(kind, store, h5, warm, ranks, args.windows // ranks, step_threads=step_threads)
-                for _ in range(args.reps)
-            ]
-            results["warm"][f"{kind}, {ranks} rank(s){label}"] = runs
-            print(f"warm {ranks} rank(s){label} {kind:20s} windows/s by epoch {runs}", flush=True)
-    for kind in ("WindowLoader", "DataLoader x2"):
-        runs = []
-        for _ in range(args.reps):
+            results["warm"][f"{kind}, {ranks} rank(s){label}"] = runs[kind]
+    cold_kinds = ["WindowLoader", "DataLoader x2"]
+    cold_runs: dict[str, list[list[float]]] = {kind: [] for kind in cold_kinds}
+    for rep in range(args.reps + 1):  # the first run is not counted
+        for kind in cold_kinds[rep % 2 :] + cold_kinds[: rep % 2]:
             cold = os.path.join(work, "cold-loader")
             shutil.rmtree(cold, ignore_errors=True)
             cfg = zstore.CacheConfig(ram_dir=None, ssd_dir=cold, ssd_bytes="2GB")
-            runs.append(run(kind, store, h5, cfg, 1, args.cold_windows, S3))
-        results["cold"][kind] = runs
-        print(f"cold S3-like {kind:20s} windows/s by epoch {runs}", flush=True)
+            got = run(kind, store, h5, cfg, 1, args.cold_windows, S3)
+            if rep:
+                cold_runs[kind].append(got)
+            print(f"cold S3-like {kind:20s} windows/s by epoch {got}", flush=True)
+            if not rep:
+                break
+    results["cold"] = cold_runs
     shutil.rmtree(ram, ignore_errors=True)
     write(results, args.docs)
 

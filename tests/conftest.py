@@ -119,18 +119,9 @@ PYTHON = sys.executable
 def spawn_all(target, n: int, args, timeout: float = 600) -> list:
     """Start ``n`` spawned processes on ``target(*args(rank, barrier, queue))``; return what
     each put on the queue, after checking that every one exited cleanly."""
-    import multiprocessing as mp
+    from zstore.testing import spawn_ranks
 
-    ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=target, args=args(rank, barrier, queue)) for rank in range(n)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=timeout) for _ in procs]
-    for p in procs:
-        p.join(timeout=timeout)
-        assert p.exitcode == 0
-    return results
+    return spawn_ranks(target, n, args, timeout)
 
 
 class CountingApp:

@@ -1,32 +1,22 @@
 """Helpers for the benchmark tools: a tool's section of docs/benchmarks.md, a process's
-private memory, and ranks run as spawned processes."""
+private memory, and the order of interleaved repetitions."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def run_ranks(
-    target: Callable[..., None],
-    args: Callable[..., tuple[Any, ...]],
-    ranks: int,
-    timeout: float = 3600,
-) -> list[Any]:
-    """Run ``target(*args(r, barrier, queue))`` in ``ranks`` spawned processes, ``r`` in
-    ``0..ranks-1``, with a barrier of all of them and a queue each puts its report on;
-    the reports, in the order they came."""
-    ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(ranks), ctx.Queue()
-    procs = [ctx.Process(target=target, args=args(r, barrier, queue)) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    reports = [queue.get(timeout=timeout) for _ in procs]
-    for p in procs:
-        p.join(600)
-    return reports
+def in_turn(items: Sequence[T], reps: int) -> Iterator[T]:
+    """``items`` ``reps`` times over, each one first in turn: the order of an interleaved
+    benchmark, where no configuration always runs first after the one before."""
+    for rep in range(reps):
+        turn = rep % len(items)
+        yield from items[turn:]
+        yield from items[:turn]
 
 
 def replace_section(docs: str, begin: str, end: str, section: str) -> None:

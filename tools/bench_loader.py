@@ -7,8 +7,8 @@ DataLoader with 0 and 2 workers over the same WindowDataset; a plain loop over d
 h5py hyperslab reads in a DataLoader with 2 workers.  Warm (decoded RAM tier holding
 the data) with 1 rank and 4 ranks on the node, and cold from the S3-like latency model
 (20 ms a request, 100 MB/s a stream).  Each section starts with one run that is not
-counted, then runs the contenders interleaved, each one first in turn.  Writes the section "Training loop" of
-docs/benchmarks.md and docs/benchmarks-loader.json.
+counted, then runs the contenders interleaved, each one first in turn.  Writes the
+section "Training loop" of docs/benchmarks.md and docs/benchmarks-loader.json.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from typing import Any
 
 import torch
 
+from zstore.testing import spawn_ranks
+
 BATCH = 16
 EPOCHS = 2  # the first maps the tier's shards and makes the loaders' buffers; the table
 # reports the second, as a training run spends most epochs
 BUDGET_S = 40.0  # a slow contender stops after this long (windows/s stays comparable)
 S3 = {"latency": 0.020, "bandwidth": 100e6}
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_docs import replace_section, run_ranks  # noqa: E402
+from bench_docs import in_turn, replace_section  # noqa: E402
 
 MARK_BEGIN = "<!-- training loop: begin (tools/bench_loader.py) -->"
 MARK_END = "<!-- training loop: end -->"
@@ -160,10 +162,11 @@ def run(
     """Windows/s of the node in each epoch: ``ranks`` fresh processes, each reading
     ``limit`` windows an epoch (the dataset draws enough windows per item for that) and
     running the step on ``step_threads`` torch threads (None: torch's default)."""
-    results = run_ranks(
+    results = spawn_ranks(
         rank,
-        lambda r, b, q: (kind, store, h5, cache, r, ranks, limit, origin, step_threads, b, q),
         ranks,
+        lambda r, b, q: (kind, store, h5, cache, r, ranks, limit, origin, step_threads, b, q),
+        timeout=3600,
     )
     return [sum(r[e][0] for r in results) / max(r[e][1] for r in results) for e in range(EPOCHS)]
 
@@ -204,29 +207,28 @@ def main() -> None:
         n = args.windows // ranks
         run(kinds[0], store, h5, warm, ranks, n, step_threads=step_threads)  # not counted
         runs: dict[str, list[list[float]]] = {kind: [] for kind in kinds}
-        for rep in range(args.reps):
-            for kind in kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]:
-                runs[kind].append(run(kind, store, h5, warm, ranks, n, step_threads=step_threads))
-                print(
-                    f"warm {ranks} rank(s){label} {kind:20s} windows/s by epoch {runs[kind][-1]}",
-                    flush=True,
-                )
+        for kind in in_turn(kinds, args.reps):
+            runs[kind].append(run(kind, store, h5, warm, ranks, n, step_threads=step_threads))
+            print(
+                f"warm {ranks} rank(s){label} {kind:20s} windows/s by epoch {runs[kind][-1]}",
+                flush=True,
+            )
         for kind in kinds:
             results["warm"][f"{kind}, {ranks} rank(s){label}"] = runs[kind]
+
+    def cold(kind: str) -> list[float]:
+        """Windows/s by epoch of one rank reading the S3-like origin through a fresh SSD tier."""
+        ssd = os.path.join(work, "cold-loader")
+        shutil.rmtree(ssd, ignore_errors=True)
+        cfg = zstore.CacheConfig(ram_dir=None, ssd_dir=ssd, ssd_bytes="2GB")
+        return run(kind, store, h5, cfg, 1, args.cold_windows, S3)
+
     cold_kinds = ["WindowLoader", "DataLoader x2"]
-    cold_runs: dict[str, list[list[float]]] = {kind: [] for kind in cold_kinds}
-    for rep in range(args.reps + 1):  # the first run is not counted
-        for kind in cold_kinds[rep % 2 :] + cold_kinds[: rep % 2]:
-            cold = os.path.join(work, "cold-loader")
-            shutil.rmtree(cold, ignore_errors=True)
-            cfg = zstore.CacheConfig(ram_dir=None, ssd_dir=cold, ssd_bytes="2GB")
-            got = run(kind, store, h5, cfg, 1, args.cold_windows, S3)
-            if rep:
-                cold_runs[kind].append(got)
-            print(f"cold S3-like {kind:20s} windows/s by epoch {got}", flush=True)
-            if not rep:
-                break
-    results["cold"] = cold_runs
+    cold(cold_kinds[0])  # not counted
+    results["cold"] = {kind: [] for kind in cold_kinds}
+    for kind in in_turn(cold_kinds, args.reps):
+        results["cold"][kind].append(cold(kind))
+        print(f"cold S3-like {kind:20s} windows/s by epoch {results['cold'][kind][-1]}", flush=True)
     shutil.rmtree(ram, ignore_errors=True)
     write(results, args.docs)
 

@@ -10,8 +10,8 @@ decoded bytes, in 1 and 4 ranks (``DistributedSampler`` with 4); and cold NFS- a
 S3-like origins (``zstore.testing``'s latency model) with a RAM tier of the whole data
 and an SSD tier against no tiers, 1 and 4 ranks.  Each configuration runs in spawned
 processes of its own; a section's configurations are interleaved, each one first in
-turn, after one run that is not counted.  Part 2: epoch 0
-read window by window in this thread under cProfile, with a RAM tier that holds the data and without one: the
+turn, after one run that is not counted.  Part 2: epoch 0 read window by window in this
+thread under cProfile, with a RAM tier that holds the data and without one: the
 functions that take the time.  Writes the section "The first epoch" of
 docs/benchmarks.md and docs/benchmarks-first-epoch.json.
 """
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_docs import replace_section, run_ranks  # noqa: E402
+from bench_docs import in_turn, replace_section  # noqa: E402
 
 MARK_BEGIN = "<!-- first epoch: begin (tools/profile_first_epoch.py) -->"
 MARK_END = "<!-- first epoch: end -->"
@@ -140,9 +140,11 @@ def epochs(
     origin is modelled).  Every configuration runs in processes of its own, as a
     user's job does (one rank used to run in this process, after the configurations
     before it, with their threads, maps and heap)."""
+    from zstore.testing import spawn_ranks
+
     cache = cache_config(fraction, ssd=origin is not None)
-    got = run_ranks(
-        rank_main, lambda r, b, q: (store, cache, origin, r, ranks, b, q), ranks, timeout=1800
+    got = spawn_ranks(
+        rank_main, ranks, lambda r, b, q: (store, cache, origin, r, ranks, b, q), timeout=1800
     )
     return [
         (
@@ -206,11 +208,9 @@ def main() -> None:
         # once more first and is not counted.
         _, fraction, ranks, origin = configs[0]
         print(sec, "(not counted)", epochs(store, fraction, ranks, origin), flush=True)
-        for rep in range(args.reps):  # interleaved: every configuration once per
-            turn = rep % len(configs)  # repetition, each one first in turn
-            for label, fraction, ranks, origin in configs[turn:] + configs[:turn]:
-                runs[sec][label].append(epochs(store, fraction, ranks, origin))
-                print(sec, label, runs[sec][label][-1], flush=True)
+        for label, fraction, ranks, origin in in_turn(configs, args.reps):
+            runs[sec][label].append(epochs(store, fraction, ranks, origin))
+            print(sec, label, runs[sec][label][-1], flush=True)
     profiles = {"RAM tier 1.0x": profile(store, 1.0), "no RAM tier": profile(store, 0.0)}
     cache_config(0.0)  # removes the tiers
     med = {

@@ -19,7 +19,7 @@ from typing import Any
 import fsspec
 
 from zstore.errors import IntegrityError, OriginError
-from zstore.urls import is_url, local_path, network_fs_type, store_bytes, zarr_store
+from zstore.urls import is_url, local_path, network_fs_type, on_local_disk, store_bytes, zarr_store
 
 __all__ = [
     "Origin",
@@ -173,6 +173,14 @@ class Origin:
         # file system (NFS, Lustre, ...) costs a round trip each, so they overlap.
 
         self._concurrent = self._fs is not None or network_fs_type(self._root) is not None
+        self._local_disk = self._fs is None and on_local_disk(self._root)
+
+    @property
+    def local_disk(self) -> bool:
+        """Whether the store is on a local disk file system (ext4, xfs, ...): a small
+        read from it is a page-cache copy, cheaper than a lookup in a tier."""
+        self._open()
+        return self._local_disk
 
     def _read_once(self, key: str, start: int | None, stop: int | None) -> bytes:
         if self._fs is None:

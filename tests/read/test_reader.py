@@ -423,3 +423,33 @@ def test_a_store_on_a_local_disk_goes_without_the_default_ssd_tier(
     for remote in ("nfs4", "fuse.mountpoint-s3", ""):  # network, FUSE, unknown
         monkeypatch.setattr(urls, "filesystem_type", lambda path, kind=remote: kind)
         assert str(ssd(auto)).startswith(str(tmp_path / "xdg"))
+
+
+@pytest.mark.parametrize("fs_type", ["ext4", "nfs4"])
+def test_shard_indexes_stay_out_of_the_ram_tier_for_a_store_on_a_local_disk(
+    small_store, tmp_path, monkeypatch, fs_type
+):
+    """A store on a local disk reads a shard's index (~1 KiB) from the page cache: it is
+    not put in the RAM tier (a lookup and a write transaction on each shard's first
+    touch).  A store on a network file system keeps its indexes there, so the node reads
+    each once; either way the window and the shards the tier builds are the same."""
+    from zstore import urls
+
+    store = os.path.abspath(small_store)
+    monkeypatch.setattr(  # the store's file system; the tier's stays a local one
+        urls, "filesystem_type", lambda path: fs_type if path.startswith(store) else "ext4"
+    )
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    reader = WindowReader(small_store, cache=cfg).open()
+    assert reader.origin.local_disk is (fs_type == "ext4")
+    want = zarr.open_group(small_store, mode="r")["utt000002/wav"][:, 16000:48000]
+    spans = {"wav": Span(16000, 48000), "act": Span(100, 300)}
+    np.testing.assert_array_equal(reader.read("utt000002", spans)["wav"], want)
+    assert reader.settle(timeout=120)
+    keys = [k for k in reader.tiers.ram._open().iterkeys()]
+    indexes = [k for k in keys if "#s" in k]
+    assert len(indexes) == (0 if fs_type == "ext4" else len(spans))
+    assert len(keys) - len(indexes) == len(spans)  # the two shards, built behind the read
+    hits = zstore.cache_stats(cfg)["ram"]["hits"]
+    np.testing.assert_array_equal(reader.read("utt000002", spans)["wav"], want)
+    assert zstore.cache_stats(cfg)["ram"]["hits"] == hits + len(spans)

@@ -12,7 +12,9 @@ and an SSD tier against no tiers, 1 and 4 ranks.  Each configuration runs in spa
 processes of its own; a section's configurations are interleaved, each one first in
 turn, after one run that is not counted.  Part 2: epoch 0 read window by window in this
 thread under cProfile, with a RAM tier that holds the data and without one: the
-functions that take the time.  Writes the section "The first epoch" of
+functions that take the time.  Part 3 (where ``perf`` may sample every CPU): epoch 0 of
+4 ranks, no tier and a RAM tier of the whole data, under ``perf record -a``: the node's
+CPU by category, kernel and background threads included (tools/perf_epoch.py).  Writes the section "The first epoch" of
 docs/benchmarks.md and docs/benchmarks-first-epoch.json.
 """
 
@@ -34,6 +36,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_docs import in_turn, replace_section  # noqa: E402
+from perf_epoch import available as perf_available  # noqa: E402
+from perf_epoch import sample as perf_sample  # noqa: E402
 
 MARK_BEGIN = "<!-- first epoch: begin (tools/profile_first_epoch.py) -->"
 MARK_END = "<!-- first epoch: end -->"
@@ -174,6 +178,58 @@ def profile(store: str, fraction: float, top: int = 10) -> dict[str, Any]:
     return {"seconds": seconds, "windows": len(order), "top": rows}
 
 
+PERF_CONFIGS = {"none": 0.0, "RAM 1.0": 1.0}
+
+
+def where_cpu_goes(store: str, reps: int) -> dict[str, Any]:
+    """Epoch 0 of 4 ranks (local) under ``perf``, no tier and a RAM tier of the whole
+    data interleaved: {"why": reason it did not run} or {config: [(windows/s, CPU
+    seconds per category), ...]}."""
+    why = perf_available() if reps else "--perf-reps 0"
+    if why:
+        print("not sampled with perf:", why, flush=True)
+        return {"why": why}
+    out: dict[str, Any] = {k: [] for k in PERF_CONFIGS}
+    for label, fraction in in_turn(list(PERF_CONFIGS.items()), reps):
+        out[label].append(perf_sample(store, cache_config(fraction), 4))
+        print("perf", label, out[label][-1], flush=True)
+    return out
+
+
+def cpu_lines(cpu: dict[str, Any], reps: int) -> list[str]:
+    """The docs' table of where epoch 0's CPU goes (medians per category)."""
+    if "why" in cpu:
+        return ["", f"(Epoch 0 was not sampled with perf: {cpu['why']}.)"]
+    cats = sorted(
+        {c for runs in cpu.values() for _, by in runs for c in by},
+        key=lambda c: -max(statistics.median(by.get(c, 0.0) for _, by in r) for r in cpu.values()),
+    )
+    med = {
+        k: {c: statistics.median(by.get(c, 0.0) for _, by in r) for c in cats}
+        for k, r in cpu.items()
+    }
+    lines = [
+        "",
+        "### Where the node's CPU goes in epoch 0 (local, 4 ranks; perf)",
+        "",
+        "`perf record -a -g` on every CPU while the 4 ranks read epoch 0 (tools/perf_epoch.py; "
+        "each sample put in a category by the functions on its stack), CPU seconds, medians "
+        f"of {reps} interleaved runs; windows/s are under perf. 2 CPUs x the epoch's length is "
+        "what the node had.",
+        "",
+        "| | " + " | ".join(cpu) + " | difference |",
+        "|---|" + "---|" * (len(cpu) + 1),
+        "| windows/s | "
+        + " | ".join(f"{statistics.median(w for w, _ in r):,.0f}" for r in cpu.values())
+        + " | |",
+    ]
+    for c in [*cats, "total"]:
+        vals = [sum(m.values()) if c == "total" else m[c] for m in med.values()]
+        diff = vals[-1] - vals[0]
+        lines.append(f"| {c} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {diff:+.2f} |")
+    return lines
+
+
 NFS = {"latency": 0.001, "bandwidth": 1e9}  # as in tools/bench.py
 S3 = {"latency": 0.020, "bandwidth": 100e6}
 #: section -> (label, RAM fraction, ranks, modelled origin); "none" is each one's reference
@@ -195,6 +251,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--docs", default="docs")
     p.add_argument("--only", default="", help="only the sections whose name has this")
+    p.add_argument(
+        "--perf-reps", type=int, default=3, help="epoch 0 under perf, per configuration (0: none)"
+    )
     args = p.parse_args()
     sections = {k: v for k, v in SECTIONS.items() if args.only in k}
     store = prepare(Path(args.work))
@@ -211,6 +270,7 @@ def main() -> None:
         for label, fraction, ranks, origin in in_turn(configs, args.reps):
             runs[sec][label].append(epochs(store, fraction, ranks, origin))
             print(sec, label, runs[sec][label][-1], flush=True)
+    cpu = where_cpu_goes(store, args.perf_reps)
     profiles = {"RAM tier 1.0x": profile(store, 1.0), "no RAM tier": profile(store, 0.0)}
     cache_config(0.0)  # removes the tiers
     med = {
@@ -251,6 +311,7 @@ def main() -> None:
                 f"| {k} | {e0:,.0f} | {e0 / none[0]:.2f}x | {e1:,.0f} | {e2:,.0f} | "
                 f"{e2 / none[2]:.2f}x | {first * 1e3:.0f} | {first / none[3]:.2f}x |"
             )
+    lines += cpu_lines(cpu, args.perf_reps)
     lines += [
         "",
         "Epoch 0 read window by window in one thread under cProfile (seconds spent in each "
@@ -266,7 +327,7 @@ def main() -> None:
     lines += ["", MARK_END]
     replace_section(args.docs, MARK_BEGIN, MARK_END, "\n".join(lines))
     with open(os.path.join(args.docs, "benchmarks-first-epoch.json"), "w") as f:
-        json.dump({"runs": runs, "medians": med, "profiles": profiles}, f, indent=1)
+        json.dump({"runs": runs, "medians": med, "profiles": profiles, "cpu": cpu}, f, indent=1)
     print("\n".join(lines))
 
 

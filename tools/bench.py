@@ -32,6 +32,7 @@ from bench_contenders import (  # noqa: E402
     window_spans,
     zstore_cache,
 )
+from bench_docs import in_turn  # noqa: E402
 from bench_report import write_report  # noqa: E402
 
 WINDOW_FRAMES = 1000  # 10 s at 100 frames/s
@@ -167,11 +168,14 @@ def single_process(paths: Paths, windows: list, reps: int) -> dict[str, list[flo
                 run_windows(c, paths, windows[:n], WINDOW_FRAMES, 1e9)
                 c.settle()
     results: dict[str, list[float]] = {c.name: [] for c, _, _ in runs}
-    for rep in range(reps):
-        for c, budget, n in runs:
-            count, seconds = run_windows(c, paths, windows[:n], WINDOW_FRAMES, budget)
-            results[c.name].append(count / seconds)
-            print(f"rep {rep}: {c.name:32s} {count / seconds:9.1f} windows/s", flush=True)
+    # interleaved, each contender first in turn: none always runs right after another
+    # one's pass (tools/profile_first_epoch.py found this machine's first run after a
+    # change slower, whichever configuration it was)
+    for c, budget, n in in_turn(runs, reps):
+        count, seconds = run_windows(c, paths, windows[:n], WINDOW_FRAMES, budget)
+        results[c.name].append(count / seconds)
+        rep = len(results[c.name]) - 1
+        print(f"rep {rep}: {c.name:32s} {count / seconds:9.1f} windows/s", flush=True)
     return results
 
 
@@ -204,18 +208,18 @@ def dataloader(paths: Paths, windows: list, reps: int, workers: int = 2) -> dict
         )
     ]
     results: dict[str, list[float]] = {c.name: [] for c in chosen}
-    for rep in range(reps):
-        for c in chosen:
-            dataset: Any = WindowSet(c, paths, windows[:400])  # a map-style dataset
-            loader: Any = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=workers)
-            t0, n = time.perf_counter(), 0
-            for batch in loader:
-                n += len(batch[0])
-            results[c.name].append(n / (time.perf_counter() - t0))
-            print(
-                f"rep {rep}: DataLoader x{workers} {c.name:28s} {results[c.name][-1]:9.1f}",
-                flush=True,
-            )
+    for c in in_turn(chosen, reps):  # interleaved, each first in turn
+        dataset: Any = WindowSet(c, paths, windows[:400])  # a map-style dataset
+        loader: Any = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=workers)
+        t0, n = time.perf_counter(), 0
+        for batch in loader:
+            n += len(batch[0])
+        results[c.name].append(n / (time.perf_counter() - t0))
+        print(
+            f"rep {len(results[c.name]) - 1}: DataLoader x{workers} {c.name:28s} "
+            f"{results[c.name][-1]:9.1f}",
+            flush=True,
+        )
     return results
 
 

@@ -95,8 +95,8 @@ class ChunkSource:
             ]
             # A store on a local disk reads an index from the page cache (~1 KiB); in the
             # RAM tier it cost a lookup and a write transaction on each shard's first
-            # touch, which 4 ranks took in turn (first batch 1.16-1.17x of no tier ->
-            # 1.05-1.11x; docs/benchmarks-notes.md).
+            # touch, which 4 ranks took in turn (their first batch came 13-23 ms sooner
+            # without it; docs/benchmarks-notes.md).
             ram = not self.origin.local_disk
             values = self.fetch_many(keys, requests, ram=ram, layouts=todo, ranges=ranges)
             for (obj, layout), data in zip(todo.items(), values):

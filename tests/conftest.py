@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -53,8 +56,12 @@ def cache(tmp_path: Path) -> zstore.CacheConfig:
 
 
 @pytest.fixture(autouse=True)
-def _no_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # Tests never touch the user's real cache directories.
+def _no_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Tests never touch the user's real cache directories: the default SSD tier goes
+    under a temporary XDG_CACHE_HOME, and the default RAM tier (``/dev/shm/zstore-<uid>``,
+    the node's real one) to a directory of the test's own on the same tmpfs, removed
+    after it; subprocesses inherit both.  A test of the defaults themselves unsets
+    ZSTORE_RAM_DIR."""
     for var in (
         "ZSTORE_RAM_BYTES",
         "ZSTORE_RAM_DIR",
@@ -66,6 +73,27 @@ def _no_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    ram = (
+        Path(tempfile.mkdtemp(prefix="zstore-test-", dir="/dev/shm"))
+        if os.path.isdir("/dev/shm")
+        else tmp_path / "ram-default"
+    )
+    monkeypatch.setenv("ZSTORE_RAM_DIR", str(ram))
+    _RAM_DIRS.append(ram)
+    try:
+        yield
+    finally:
+        shutil.rmtree(ram, ignore_errors=True)
+
+
+#: The tests' default RAM tiers, removed again when the session ends: a fill behind a
+#: test's reads can still put a shard after the test has removed its directory.
+_RAM_DIRS: list[Path] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for ram in _RAM_DIRS:
+        shutil.rmtree(ram, ignore_errors=True)
 
 
 def write_h5(

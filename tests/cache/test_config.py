@@ -62,6 +62,7 @@ def test_disable_tiers(monkeypatch, tmp_path):
 
 
 def test_defaults_are_sized_from_the_machine(tmp_path, monkeypatch):
+    monkeypatch.delenv("ZSTORE_RAM_DIR")  # conftest points it away from the real tier
     r = CacheConfig().resolved()
     assert r.ssd_dir and r.ssd_dir.endswith("zstore") and r.ssd_bytes > 0
     if r.ram_dir:

@@ -31,7 +31,8 @@ def modes(directory: Path) -> tuple[set[int], set[int]]:
     return dirs, files
 
 
-def test_default_directories_are_per_user():
+def test_default_directories_are_per_user(monkeypatch):
+    monkeypatch.delenv("ZSTORE_RAM_DIR")  # conftest points it away from the real tier
     resolved = zstore.CacheConfig().resolved()
     if resolved.ram_dir:
         assert resolved.ram_dir == f"/dev/shm/zstore-{os.getuid()}"

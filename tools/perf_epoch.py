@@ -49,11 +49,29 @@ def available() -> str | None:
         level = 2
     if os.geteuid() != 0 and level > 0:
         return f"perf_event_paranoid is {level} (sampling every CPU needs 0, or root)"
+    try:  # root in a container may still be refused
+        probe = subprocess.run(
+            ["perf", "record", "-q", "-a", "-o", os.devnull, "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"perf record -a failed ({e})"
+    if probe.returncode:
+        last = (probe.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"perf record -a failed: {last}"
     return None
 
 
 def _ctl(fifos: tuple[str, str], command: str) -> None:
-    with open(fifos[0], "w") as f:
+    """Send ``command`` to perf and wait for its answer; fails at once (instead of
+    waiting forever) when perf is not reading its control FIFO."""
+    try:
+        fd = os.open(fifos[0], os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise RuntimeError(f"perf is not reading its control FIFO ({e})") from None
+    with os.fdopen(fd, "w") as f:
         f.write(command + "\n")
     with open(fifos[1]) as f:
         f.readline()

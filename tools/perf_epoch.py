@@ -88,15 +88,9 @@ def rank_main(
 ) -> None:
     """One rank's epoch 0 (as in tools/profile_first_epoch.py), sampled from the moment
     every rank is ready until every rank is done."""
-    from profile_first_epoch import dataset
-    from torch.utils.data.distributed import DistributedSampler
+    from profile_first_epoch import RankLoader
 
-    import zstore
-
-    ds = dataset(store, cache)
-    sampler: Any = DistributedSampler(ds, num_replicas=ranks, rank=r, shuffle=True, seed=0)
-    loader = zstore.WindowLoader(ds, batch_size=16, sampler=sampler)
-    sampler.set_epoch(0)
+    loader = RankLoader(store, cache, None, r, ranks)
     loader.set_epoch(0)
     barrier.wait()
     if r == 0:

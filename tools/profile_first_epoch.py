@@ -14,8 +14,8 @@ turn, after one run that is not counted.  Part 2: epoch 0 read window by window 
 thread under cProfile, with a RAM tier that holds the data and without one: the
 functions that take the time.  Part 3 (where ``perf`` may sample every CPU): epoch 0 of
 4 ranks, no tier and a RAM tier of the whole data, under ``perf record -a``: the node's
-CPU by category, kernel and background threads included (tools/perf_epoch.py).  Writes the section "The first epoch" of
-docs/benchmarks.md and docs/benchmarks-first-epoch.json.
+CPU by category, kernel and background threads included (tools/perf_epoch.py).  Writes
+the section "The first epoch" of docs/benchmarks.md and docs/benchmarks-first-epoch.json.
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def dataset(store: str, cache: Any, origin: dict[str, float] | None = None) -> A
     )
 
 
-def timed_epochs(loader: Any, barrier: Any = None) -> list[tuple[float, float, int]]:
-    """(seconds, seconds to the first batch, windows) of epochs 0, 1 and 2."""
+def timed_epochs(loader: Any, barrier: Any) -> list[tuple[float, float, int]]:
+    """(seconds, seconds to the first batch, windows) of epochs 0, 1 and 2, each started
+    by every rank together."""
     out = []
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
-        if barrier is not None:
-            barrier.wait()
+        barrier.wait()
         t0, n, first = time.perf_counter(), 0, 0.0
         for batch in loader:
             n += batch["wav"].shape[0]
@@ -112,28 +112,31 @@ def timed_epochs(loader: Any, barrier: Any = None) -> list[tuple[float, float, i
     return out
 
 
+class RankLoader:
+    """One rank's ``WindowLoader(batch_size=16)`` over ``DistributedSampler``;
+    ``set_epoch`` moves both."""
+
+    def __init__(self, store: str, cache: Any, origin: Any, r: int, ranks: int) -> None:
+        from torch.utils.data.distributed import DistributedSampler
+
+        import zstore
+
+        ds = dataset(store, cache, origin)
+        self.sampler: Any = DistributedSampler(ds, num_replicas=ranks, rank=r, shuffle=True, seed=0)
+        self.loader = zstore.WindowLoader(ds, batch_size=16, sampler=self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+        self.loader.set_epoch(epoch)
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+
 def rank_main(
     store: str, cache: Any, origin: Any, r: int, ranks: int, barrier: Any, queue: Any
 ) -> None:
-    from torch.utils.data.distributed import DistributedSampler
-
-    import zstore
-
-    ds = dataset(store, cache, origin)
-    sampler: Any = DistributedSampler(ds, num_replicas=ranks, rank=r, shuffle=True, seed=0)
-
-    class Epochs:  # the loader's set_epoch moves the sampler too
-        def __init__(self) -> None:
-            self.loader = zstore.WindowLoader(ds, batch_size=16, sampler=sampler)
-
-        def set_epoch(self, epoch: int) -> None:
-            sampler.set_epoch(epoch)
-            self.loader.set_epoch(epoch)
-
-        def __iter__(self) -> Any:
-            return iter(self.loader)
-
-    queue.put(timed_epochs(Epochs(), barrier))
+    queue.put(timed_epochs(RankLoader(store, cache, origin, r, ranks), barrier))
 
 
 def epochs(

@@ -14,8 +14,9 @@ from conftest import zstore_cli
 import zstore
 from zstore.cache._admission import FrequencySketch, admit, sketch_width
 from zstore.cache._stats import Stats
-from zstore.cache.ram_format import choose
+from zstore.cache.ram_format import choose, record
 from zstore.cache.tier import Tier
+from zstore.cache.tiered import node_dir
 from zstore.format.layout import Span
 from zstore.read.reader import WindowReader
 
@@ -74,6 +75,31 @@ def test_the_choice_is_recorded_for_cache_stats(small_store, tmp_path):
         str(tmp_path / "ssd"),
     )
     assert "RAM tier holds decoded data" in text.stdout and "fits" in text.stdout
+
+
+def test_cache_stats_lists_the_latest_formats_and_clear_forgets_them(small_store, tmp_path):
+    dirs = ["--ram-dir", str(tmp_path / "ram"), "--ssd-dir", ""]
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="1MB", ssd_dir=None)
+    formats_dir = node_dir(cfg.resolved(), "formats")
+    older = choose(cfg.resolved(), decoded_bytes=300 * GB, stored_bytes=155 * GB)
+    for i in range(12):  # stores opened on this node before (their records)
+        record(formats_dir, f"old{i:02d}", older)
+        os.utime(os.path.join(formats_dir, f"old{i:02d}.json"), (1000 + i, 1000 + i))
+    reader = WindowReader(small_store, cache=cfg).open()  # records its store's format now
+    formats = list(zstore.cache_stats(cfg)["formats"])
+    assert formats[0] == reader.manifest.store_id and formats[1:3] == ["old11", "old10"]
+    assert len(formats) == 13
+    text = zstore_cli("cache", "stats", *dirs, "--ram-bytes", "1MB").stdout
+    shown = [line.split()[1].rstrip(":") for line in text.splitlines() if line.startswith("store ")]
+    assert shown == formats[:10]
+    assert "... and 3 stores opened earlier" in text
+    assert zstore_cli("cache", "clear", *dirs).returncode == 0
+    assert zstore.cache_stats(cfg)["formats"] == {}
+    assert "store " not in zstore_cli("cache", "stats", *dirs).stdout
+    assert (
+        WindowReader(small_store, cache=cfg).open().manifest.store_id
+        in zstore.cache_stats(cfg)["formats"]
+    )
 
 
 def test_admission_rule():

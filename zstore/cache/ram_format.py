@@ -74,15 +74,32 @@ def record(directory: str | None, store_id: str, choice: FormatChoice) -> None:
 
 
 def recorded(directory: str | None) -> dict[str, dict[str, object]]:
-    """Every recorded choice in ``directory``: store id -> choice."""
-    out: dict[str, dict[str, object]] = {}
+    """Every recorded choice in ``directory``: store id -> choice, the latest first."""
+    found: list[tuple[float, str, dict[str, object]]] = []
+    for name, path in _records(directory):
+        try:
+            with open(path) as f:
+                found.append((os.stat(f.fileno()).st_mtime, name[:-5], json.load(f)))
+        except (OSError, ValueError):
+            pass
+    found.sort(key=lambda t: (-t[0], t[1]))
+    return {store_id: choice for _, store_id, choice in found}
+
+
+def forget(directory: str | None) -> None:
+    """Remove every recorded choice in ``directory`` (``zstore cache clear``)."""
+    for _, path in _records(directory):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _records(directory: str | None) -> list[tuple[str, str]]:
     if not directory or not os.path.isdir(directory):
-        return out
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".json"):
-            try:
-                with open(os.path.join(directory, name)) as f:
-                    out[name[:-5]] = json.load(f)
-            except (OSError, ValueError):
-                pass
-    return out
+        return []
+    return [
+        (name, os.path.join(directory, name))
+        for name in sorted(os.listdir(directory))
+        if name.endswith(".json")
+    ]

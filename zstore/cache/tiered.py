@@ -13,7 +13,7 @@ from zstore.cache._locks import StripedLocks
 from zstore.cache._stats import Stats, mark, read_since_mark, read_stats, summarize
 from zstore.cache.options import CacheConfig, ResolvedCache
 from zstore.cache.ownership import describe, problem
-from zstore.cache.ram_format import recorded
+from zstore.cache.ram_format import forget, recorded
 from zstore.cache.tier import Tier
 from zstore.units import format_size
 
@@ -273,10 +273,12 @@ def mark_stats(cache: CacheConfig | None = None) -> None:
 
 
 def clear_cache(cache: CacheConfig | None = None) -> None:
-    """Empty every tier and reset the counters."""
+    """Empty every tier, reset the counters and forget the RAM formats recorded per
+    store (a reader records its store's again when it next opens it)."""
     config = (cache or CacheConfig()).resolved()
     for tier in _tiers(config):
         tier.clear()
+    forget(node_dir(config, "formats"))
     directory = node_dir(config, "stats")
     if directory and os.path.isdir(directory):
         for name in os.listdir(directory):

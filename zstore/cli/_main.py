@@ -13,6 +13,9 @@ from zstore.cache import CacheConfig
 from zstore.errors import ZstoreError
 from zstore.units import format_size
 
+#: Stores whose RAM format ``zstore cache stats`` prints (the latest opened first).
+SHOWN_FORMATS = 10
+
 
 def _pairs(
     values: list[str] | None, what: str, convert: Any = str, example: str = "wav=16000"
@@ -248,8 +251,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     for label, part in periods:
         o = part["origin"]
         print(f"origin {label}: {o['requests']} requests, {format_size(o['bytes'])}")
-    for store_id, choice in stats.get("formats", {}).items():
+    formats = list(stats.get("formats", {}).items())  # the latest first
+    for store_id, choice in formats[:SHOWN_FORMATS]:
         print(f"store {store_id}: RAM tier holds {choice['format']} data: {choice['reason']}")
+    if len(formats) > SHOWN_FORMATS:
+        print(
+            f"... and {len(formats) - SHOWN_FORMATS} stores opened earlier "
+            "(`zstore cache stats --json` lists them all; `zstore cache clear` forgets them)"
+        )
     share = stats.get("share")
     if share:
         print(

@@ -18,6 +18,7 @@ from typing import Any
 
 import fsspec
 
+from zstore.buffers import Slabs
 from zstore.errors import IntegrityError, OriginError
 from zstore.urls import is_url, local_path, network_fs_type, on_local_disk, store_bytes, zarr_store
 
@@ -163,6 +164,7 @@ class Origin:
             return
         self._pid = os.getpid()  # nothing opened before a fork is reused after it
         self._pool: cf.ThreadPoolExecutor | None = None
+        self._slabs = Slabs()  # reused memory for ranges of local files (zstore.buffers)
         if self._fs_given is not None:
             self._fs, self._root = self._fs_given, self.url
         elif is_url(self.url):
@@ -200,13 +202,38 @@ class Origin:
             raise TransientError(f"short read: {len(data)} of {stop - start} bytes")
         return bytes(data)
 
+    def _read_into(self, key: str, start: int, view: memoryview) -> memoryview:
+        """Read ``len(view)`` bytes of local object ``key`` from ``start`` into ``view``."""
+        fd = os.open(os.path.join(self._root, key), os.O_RDONLY)
+        try:
+            got = 0
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], start + got)
+                if n == 0:
+                    break
+                got += n
+        finally:
+            os.close(fd)
+        if got != len(view):
+            raise TransientError(f"short read: {got} of {len(view)} bytes")
+        return view
+
     def read(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Read one object or byte range, retrying transient errors."""
+        return self._retried(key, start, stop, None)  # type: ignore[return-value]
+
+    def _retried(
+        self, key: str, start: int | None, stop: int | None, view: memoryview | None
+    ) -> bytes | memoryview:
+        """Read one object or range (into ``view`` when given), retrying transient errors."""
         self._open()
         policy, t0, delay = self.retry, time.monotonic(), self.retry.first_delay
         for attempt in range(1, policy.attempts + 1):
             try:
-                data = self._read_once(key, start, stop)
+                if view is None:
+                    data: bytes | memoryview = self._read_once(key, start, stop)
+                else:
+                    data = self._read_into(key, start or 0, view)
             except FileNotFoundError:
                 raise
             except Exception as e:  # classified below: retried or raised with context
@@ -226,15 +253,31 @@ class Origin:
             return data
         raise AssertionError("unreachable")
 
-    def read_many(self, requests: list[Request]) -> list[bytes]:
-        """Read several ranges concurrently (at most ``max_requests`` in flight)."""
+    def release_idle(self) -> None:
+        """Let the reused read memory go when no range was read since the last call
+        (:meth:`zstore.buffers.Slabs.release_idle`)."""
+        if self._pid == os.getpid():
+            self._slabs.release_idle()
+
+    def read_many(self, requests: list[Request]) -> list[bytes | memoryview]:
+        """Read several ranges concurrently (at most ``max_requests`` in flight).
+
+        Ranges of a local or network file system's objects land in reused memory
+        (:mod:`zstore.buffers`): what is returned is a view of it, valid as long as it
+        is referred to."""
         self._open()
+        views: list[memoryview | None] = [
+            self._slabs.take(stop - start)
+            if self._fs is None and start is not None and start >= 0 and stop is not None
+            else None
+            for _, start, stop in requests
+        ]
         if len(requests) <= 1 or not self._concurrent:
-            return [self.read(*r) for r in requests]
+            return [self._retried(*r, v) for r, v in zip(requests, views)]
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.max_requests, thread_name_prefix="zstore")
         try:
-            futures = [self._pool.submit(self.read, *r) for r in requests]
+            futures = [self._pool.submit(self._retried, *r, v) for r, v in zip(requests, views)]
         except RuntimeError:  # the interpreter is exiting: a fill finishing at exit
-            return [self.read(*r) for r in requests]
+            return [self._retried(*r, v) for r, v in zip(requests, views)]
         return [f.result() for f in futures]

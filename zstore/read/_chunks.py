@@ -309,7 +309,7 @@ class ChunkSource:
     def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:
         merged, parts = coalesce(requests, COALESCE_BYTES)
         try:
-            datas: list[bytes | None] = list(self.origin.read_many(merged))
+            datas: list[bytes | memoryview | None] = list(self.origin.read_many(merged))
         except FileNotFoundError:  # some object is missing: find which, one by one
             datas = []
             for r in merged:

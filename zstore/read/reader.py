@@ -328,7 +328,9 @@ class WindowReader:
     def _trim(self) -> None:
         """Hand the heap back once the windows read as chunks since the last time have
         decoded TRIM_AFTER bytes (their temporaries would otherwise stay with this
-        process, outside the shared RAM budget)."""
+        process, outside the shared RAM budget), and the read buffers after a batch
+        that read nothing from the origin."""
+        self.origin.release_idle()
         if self.form is not None and self.form.chunk_bytes > TRIM_AFTER:
             self.form.chunk_bytes = 0
             release_free_memory()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 from conftest import PYTHON, subprocess_env, zstore_cli
@@ -55,6 +56,8 @@ def test_demo_runs_end_to_end(tmp_path):
     out = proc.stdout
     assert "zstore demo summary" in out and "windows/s by epoch: zstore WindowLoader" in out
     assert "h5py hyperslab reads" in out and "warm (best later epoch): zstore" in out
+    kernel = next(line for line in out.splitlines() if "epoch time in the kernel" in line)
+    assert len(re.findall(r"\d\.\d\d of \d+\.\d\d s", kernel)) == 2  # one per epoch
     assert "RAM tier hit rate" in out and "read from the origin" in out
     assert "vs HDF5" in out
     assert "epoch 1" in proc.stderr  # the progress bars

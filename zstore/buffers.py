@@ -33,9 +33,11 @@ KEEP_BYTES = 64 * 2**20
 class Slabs:
     """Views of reused buffers to read byte ranges into (thread safe)."""
 
-    def __init__(self, slab_bytes: int = SLAB_BYTES, keep_bytes: int | None = None):
-        self.slab_bytes = slab_bytes
-        self.keep = max(1, (KEEP_BYTES if keep_bytes is None else keep_bytes) // slab_bytes)
+    def __init__(self, slab_bytes: int | None = None, keep_bytes: int | None = None):
+        """``slab_bytes`` and ``keep_bytes`` default to the module's SLAB_BYTES and
+        KEEP_BYTES as they are when the slabs are made."""
+        self.slab_bytes = SLAB_BYTES if slab_bytes is None else slab_bytes
+        self.keep = max(1, (KEEP_BYTES if keep_bytes is None else keep_bytes) // self.slab_bytes)
         self._slabs: list[mmap.mmap] = []
         self._current = -1  # index of the slab being filled
         self._used = 0  # bytes of it handed out
@@ -86,8 +88,3 @@ class Slabs:
         """Slabs that some view still refers to (for tests)."""
         with self._lock:
             return sum(sys.getrefcount(self._slabs[i]) > 2 for i in range(len(self._slabs)))
-
-    def clear(self) -> None:
-        """Drop the kept slabs (those in use are freed with their last view)."""
-        with self._lock:
-            self._slabs, self._current, self._used = [], -1, 0

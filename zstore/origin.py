@@ -13,14 +13,15 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 
 from zstore.buffers import Slabs
 from zstore.errors import IntegrityError, OriginError
-from zstore.urls import is_url, local_path, network_fs_type, on_local_disk, store_bytes, zarr_store
+from zstore.urls import is_url, local_fs_kind, local_path, store_bytes, zarr_store
 
 __all__ = [
     "Origin",
@@ -35,6 +36,8 @@ __all__ = [
     "store_bytes",
     "zarr_store",
 ]
+
+T = TypeVar("T", bytes, memoryview)
 
 #: (key, start, stop): stop None reads to the end; start < 0 reads a suffix of -start bytes.
 Request = tuple[str, int | None, int | None]
@@ -174,8 +177,9 @@ class Origin:
         # Local disks answer a read in microseconds, so ranges are read in turn; a network
         # file system (NFS, Lustre, ...) costs a round trip each, so they overlap.
 
-        self._concurrent = self._fs is not None or network_fs_type(self._root) is not None
-        self._local_disk = self._fs is None and on_local_disk(self._root)
+        network, local_disk = local_fs_kind(self._root) if self._fs is None else (False, False)
+        self._concurrent = self._fs is not None or network
+        self._local_disk = local_disk
 
     @property
     def local_disk(self) -> bool:
@@ -220,20 +224,22 @@ class Origin:
 
     def read(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Read one object or byte range, retrying transient errors."""
-        return self._retried(key, start, stop, None)  # type: ignore[return-value]
+        return self._retried(key, start, stop, lambda: self._read_once(key, start, stop))
 
-    def _retried(
-        self, key: str, start: int | None, stop: int | None, view: memoryview | None
-    ) -> bytes | memoryview:
-        """Read one object or range (into ``view`` when given), retrying transient errors."""
+    def _read_range(self, request: Request, view: memoryview | None) -> bytes | memoryview:
+        """``request`` read into ``view`` (reused memory, see read_many) when given."""
+        key, start, stop = request
+        if view is None:
+            return self.read(key, start, stop)
+        return self._retried(key, start, stop, lambda: self._read_into(key, start or 0, view))
+
+    def _retried(self, key: str, start: int | None, stop: int | None, once: Callable[[], T]) -> T:
+        """``once()`` (one read of ``key``'s range), retrying transient errors."""
         self._open()
         policy, t0, delay = self.retry, time.monotonic(), self.retry.first_delay
         for attempt in range(1, policy.attempts + 1):
             try:
-                if view is None:
-                    data: bytes | memoryview = self._read_once(key, start, stop)
-                else:
-                    data = self._read_into(key, start or 0, view)
+                data = once()
             except FileNotFoundError:
                 raise
             except Exception as e:  # classified below: retried or raised with context
@@ -273,11 +279,11 @@ class Origin:
             for _, start, stop in requests
         ]
         if len(requests) <= 1 or not self._concurrent:
-            return [self._retried(*r, v) for r, v in zip(requests, views)]
+            return [self._read_range(r, v) for r, v in zip(requests, views)]
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.max_requests, thread_name_prefix="zstore")
         try:
-            futures = [self._pool.submit(self._retried, *r, v) for r, v in zip(requests, views)]
+            futures = [self._pool.submit(self._read_range, r, v) for r, v in zip(requests, views)]
         except RuntimeError:  # the interpreter is exiting: a fill finishing at exit
-            return [self._retried(*r, v) for r, v in zip(requests, views)]
+            return [self._read_range(r, v) for r, v in zip(requests, views)]
         return [f.result() for f in futures]

@@ -105,6 +105,13 @@ def network_fs_type(path: str) -> str | None:
     return kind if kind in NETWORK_FS else None
 
 
+def local_fs_kind(path: str) -> tuple[bool, bool]:
+    """(on a network file system, on a local disk) for local ``path``, from one read of
+    /proc/mounts (:func:`network_fs_type` and :func:`on_local_disk` each read it)."""
+    kind = filesystem_type(os.path.abspath(path))
+    return kind in NETWORK_FS, kind in LOCAL_DISK_FS
+
+
 def on_local_disk(path: str) -> bool:
     """Whether ``path`` (not a URL) is on a local disk file system (ext4, xfs, ...); False
     for network and FUSE file systems, and where the type is unknown."""

@@ -74,7 +74,6 @@ def test_origin_reads_ranges_into_reused_memory_without_overwriting_what_is_held
 def test_windows_read_through_reused_memory_equal_the_source(small_store, monkeypatch):
     monkeypatch.setattr("zstore.buffers.KEEP_BYTES", 2 << 20)  # two slabs, reused often
     monkeypatch.setattr("zstore.buffers.SLAB_BYTES", 1 << 20)
-    monkeypatch.setattr("zstore.origin.Slabs", _small_slabs)
     root = zarr.open_group(small_store, mode="r")
     items = list(root.group_keys())
     reader = WindowReader(small_store, cache=False).open()
@@ -100,9 +99,3 @@ def test_windows_read_through_reused_memory_equal_the_source(small_store, monkey
         np.testing.assert_array_equal(out["act"], act)
         np.testing.assert_array_equal(out["wav"], wav)
     assert reader.origin._slabs.slab_bytes == 1 << 20 and reader.origin._slabs._slabs
-
-
-def _small_slabs() -> Slabs:
-    import zstore.buffers
-
-    return Slabs(slab_bytes=zstore.buffers.SLAB_BYTES)

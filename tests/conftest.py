@@ -144,14 +144,6 @@ def subprocess_env() -> dict[str, str]:
 PYTHON = sys.executable
 
 
-def spawn_all(target, n: int, args, timeout: float = 600) -> list:
-    """Start ``n`` spawned processes on ``target(*args(rank, barrier, queue))``; return what
-    each put on the queue, after checking that every one exited cleanly."""
-    from zstore.testing import spawn_ranks
-
-    return spawn_ranks(target, n, args, timeout)
-
-
 class CountingApp:
     """WSGI middleware: counts requests per method and path at the S3 server."""
 

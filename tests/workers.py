@@ -68,3 +68,18 @@ def read_windows(url: str, cache, barrier, items: list[int], epochs: int, queue)
                 x["act"].numpy().tobytes(),
             )
     queue.put((os.getpid(), out))
+
+
+def rank_report(rank: int, fail_rank: int, barrier, queue) -> None:
+    """Wait at the barrier and report ``rank``; rank ``fail_rank`` raises before the
+    barrier instead, so the others wait there for it (for spawn_ranks' tests)."""
+    if rank == fail_rank:
+        raise ValueError(f"rank {rank} fails on purpose")
+    barrier.wait()
+    queue.put(rank)
+
+
+def rank_without_report(rank: int, barrier, queue) -> None:
+    """Return without a report from rank 1 (for spawn_ranks' tests)."""
+    if rank != 1:
+        queue.put(rank)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import workers
 import zarr
-from conftest import spawn_all
 
 import zstore
+from zstore.testing import spawn_ranks
 
 
 def run_ranks(url, cache, n, items, epochs=2):
@@ -16,7 +16,7 @@ def run_ranks(url, cache, n, items, epochs=2):
         order = items[rank * len(items) // n :] + items[: rank * len(items) // n]
         return (url, cache, barrier, order, epochs, queue)
 
-    return spawn_all(workers.read_windows, n, args)
+    return spawn_ranks(workers.read_windows, n, args)
 
 
 @pytest.mark.parametrize("ram_format,ram_bytes", [("decoded", "64MB"), ("encoded", "1MB")])

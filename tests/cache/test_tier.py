@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 import workers
-from conftest import PYTHON, spawn_all, subprocess_env
+from conftest import PYTHON, subprocess_env
 
 import zstore
 from zstore.cache import TieredCache, cache_stats, clear_cache
 from zstore.cache._stats import Stats
 from zstore.cache.tier import Tier
 from zstore.cache.value import HEADER_SIZE
+from zstore.testing import spawn_ranks
 
 
 def values(n: int, size: int) -> dict[str, bytes]:
@@ -190,7 +191,7 @@ def test_killed_writer_leaves_nothing_visible(tmp_path):
 
 
 def test_processes_filling_one_key_never_tear_it(tmp_path):
-    bad = spawn_all(
+    bad = spawn_ranks(
         workers.fill_same_key,
         4,
         lambda rank, barrier, queue: (str(tmp_path / "t"), 2**20, barrier, 40, queue),

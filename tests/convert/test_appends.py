@@ -15,12 +15,12 @@ from conftest import (
     assert_one_line_error,
     cli,
     manifest_of,
-    spawn_all,
     subprocess_env,
     write_h5,
 )
 
 import zstore
+from zstore.testing import spawn_ranks
 
 RATE = {"wav": 16000}
 
@@ -183,7 +183,7 @@ def test_concurrent_appends_lose_no_item(tmp_path):
         )
         for k in range(3)
     ]
-    spawn_all(
+    spawn_ranks(
         _append_one, 3, lambda rank, barrier, queue: (rank, barrier, queue, str(dst), sources)
     )
     items = list(manifest_of(dst).items)  # by group, as the store was converted from one

@@ -10,9 +10,9 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import spawn_all
 
 import zstore
+from zstore.testing import spawn_ranks
 
 BUCKET = "zstore-test"
 
@@ -79,7 +79,7 @@ def _h5_reader(options, path, ram, ssd, barrier, queue):
 def test_four_processes_read_hdf5_through_one_cache(s3, h5_on_s3, small_h5, tmp_path):
     options, _ = s3
     ram, ssd = str(tmp_path / "ram"), str(tmp_path / "ssd")
-    digests = spawn_all(_h5_reader, 4, lambda r, b, q: (options, h5_on_s3, ram, ssd, b, q))
+    digests = spawn_ranks(_h5_reader, 4, lambda r, b, q: (options, h5_on_s3, ram, ssd, b, q))
     assert set(digests) == {h5_digest(small_h5)}
     cfg = zstore.CacheConfig(ram_dir=ram, ram_bytes="64MB", ssd_dir=ssd, ssd_bytes="64MB")
     size = os.path.getsize(small_h5)

@@ -182,6 +182,13 @@ class Origin:
         self._local_disk = local_disk
 
     @property
+    def remote(self) -> bool:
+        """Whether each read costs a round trip: a URL, a given file system, or a path on
+        a network file system (NFS, Lustre, ...)."""
+        self._open()
+        return self._concurrent
+
+    @property
     def local_disk(self) -> bool:
         """Whether the store is on a local disk file system (ext4, xfs, ...): a small
         read from it is a page-cache copy, cheaper than a lookup in a tier."""

@@ -58,7 +58,7 @@ from zstore.read._ram_shards import (
 )
 from zstore.read._zarr_store import CachedStore
 from zstore.read.streamcopy import copy_streamed
-from zstore.urls import is_url, network_fs_type
+from zstore.urls import is_url
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
@@ -203,10 +203,7 @@ class WindowReader:
         # as one SSD value each cost a file and an index row apiece, on the first epoch's
         # reads (measured, NFS-like model: 0.47x of no tiers against 0.83x with whole
         # shards; docs/benchmarks-notes.md).
-        remote = (
-            is_url(self.url) or self.origin_fs is not None or network_fs_type(self.url) is not None
-        )
-        return "shard" if remote and self.ssd_holds_store else "range"
+        return "shard" if self.origin.remote and self.ssd_holds_store else "range"
 
     def layout(self, item: str, name: str, position: int | None = None) -> ArrayLayout:
         """The geometry of ``item/name``: from the manifest (format 2) or the

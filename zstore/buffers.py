@@ -9,6 +9,11 @@ budget, the first epoch).  :class:`Slabs` keeps a few MB-sized buffers and place
 ranges in them; a slab is reused once no view of it is left (a piece not yet decoded, a
 fill holding its chunks), so memory that something still reads is never overwritten.
 
+:func:`small_page_array` gives long-lived, large arrays (a loader's batch buffers) memory
+in small pages: numpy asks for huge pages for arrays of 4 MB and more, and where a
+virtual machine hands free 2 MB blocks back to its host, those are what a huge-page
+fault takes, at 1-3 s of kernel time for a few hundred MB.
+
 May import: numpy.
 """
 
@@ -88,3 +93,28 @@ class Slabs:
         """Slabs that some view still refers to (for tests)."""
         with self._lock:
             return sum(sys.getrefcount(self._slabs[i]) > 2 for i in range(len(self._slabs)))
+
+
+def small_page_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialised array of ``shape`` in an anonymous mapping of its own, in small
+    pages (``MADV_NOHUGEPAGE``), unmapped when the array and its views are freed.
+
+    For large arrays kept and reused, such as a loader's batch buffers.  ``np.empty``
+    asks the kernel for huge pages from 4 MB up; on a virtual machine that reports free
+    memory to its host (free page reporting works in 2 MB blocks), a huge-page fault
+    takes a block the host has taken back.  Measured (4 ranks, WindowLoader, 80 MB batch
+    buffers): epochs 0 and 1 spent 2-7 s of kernel time on them in most runs, against
+    0.1-0.45 s in small pages (docs/benchmarks-notes.md, "Batch buffers in small pages").
+    """
+    count = 1
+    for n in shape:
+        count *= int(n)
+    nbytes = count * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; elsewhere small pages are the default
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    # made on the mapping itself, so that its views refer to this array (a loader tells
+    # a buffer still held from its references)
+    return np.ndarray(shape, dtype=dtype, buffer=buf)

@@ -202,3 +202,33 @@ if os.environ.get("ZSTORE_TEST_CUDA") and torch.cuda.is_available():
         loader = zstore.WindowLoader(ds, 2, device="cuda", pin_memory=True)
         for a, b in zip(loader, DataLoader(ds, batch_size=2)):
             assert a["wav"].is_cuda and torch.equal(a["wav"].cpu(), b["wav"])
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``address``."""
+    inside, flags = False, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    assert flags is not None, "no mapping holds the address"
+    return flags
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux /proc only")
+def test_batch_buffers_are_in_small_pages(small_store, cache):
+    """numpy asks for huge pages for arrays of 4 MB and more; the batch buffers are kept
+    out of them (zstore.buffers.small_page_array), and hold the same windows."""
+    ds = dataset(small_store, cache, windows_per_item=8)
+    loader = zstore.WindowLoader(ds, batch_size=len(ds), threads=2)
+    batch = next(iter(loader))
+    wav = batch["wav"]
+    buffer_bytes = len(ds) * wav[0].numel() * wav.element_size()
+    assert buffer_bytes >= 4 * 2**20, "too small to have asked for huge pages"
+    flags = _vm_flags(wav.data_ptr())
+    assert "nh" in flags and "hg" not in flags, flags
+    same(batch, next(iter(DataLoader(ds, batch_size=len(ds)))))

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
+from zstore.buffers import small_page_array
 from zstore.errors import ConfigError, ZstoreError
 from zstore.read import window_shape
 from zstore.train.dataset import WindowDataset
@@ -52,7 +53,8 @@ class _Buffers:
                 self._pinned.append(owner)
                 self.arrays[name] = owner.numpy()
             else:
-                self.arrays[name] = np.empty((size, *shape), dtype=dtype)
+                # small pages: see zstore.buffers.small_page_array
+                self.arrays[name] = small_page_array((size, *shape), dtype)
         self.event: Any = None  # a device copy from these buffers still running
         self._base = self._counts()  # references while nothing else holds the arrays
 

@@ -19,6 +19,7 @@ May import: numpy.
 
 from __future__ import annotations
 
+import math
 import mmap
 import sys
 import threading
@@ -72,12 +73,7 @@ class Slabs:
             if i != self._current and sys.getrefcount(self._slabs[i]) <= 2:
                 return i
         if len(self._slabs) < self.keep:
-            # an anonymous mapping of its own, in small pages (numpy's large arrays ask
-            # for huge pages, whose first touch zeroes 2 MB at a time), and private: a
-            # forked child gets a copy, as of the heap
-            self._slabs.append(
-                mmap.mmap(-1, self.slab_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            )
+            self._slabs.append(_small_pages(self.slab_bytes))
             return len(self._slabs) - 1
         return -1
 
@@ -106,15 +102,19 @@ def small_page_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarr
     buffers): epochs 0 and 1 spent 2-7 s of kernel time on them in most runs, against
     0.1-0.45 s in small pages (docs/benchmarks-notes.md, "Batch buffers in small pages").
     """
-    count = 1
-    for n in shape:
-        count *= int(n)
-    nbytes = count * np.dtype(dtype).itemsize
-    if nbytes == 0:
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes == 0:  # a mapping cannot be empty
         return np.empty(shape, dtype=dtype)
+    # made on the mapping itself, so that its views refer to this array (a loader tells
+    # a buffer still held from its references)
+    return np.ndarray(shape, dtype=dtype, buffer=_small_pages(nbytes))
+
+
+def _small_pages(nbytes: int) -> mmap.mmap:
+    """An anonymous mapping of ``nbytes`` in small pages (numpy's large arrays ask for
+    huge pages: see :func:`small_page_array`), and private: a forked child gets a copy,
+    as of the heap."""
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; elsewhere small pages are the default
         buf.madvise(mmap.MADV_NOHUGEPAGE)
-    # made on the mapping itself, so that its views refer to this array (a loader tells
-    # a buffer still held from its references)
-    return np.ndarray(shape, dtype=dtype, buffer=buf)
+    return buf

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import sys
 import threading
 
 import numpy as np
@@ -219,7 +220,7 @@ def _vm_flags(address: int) -> list[str]:
     return flags
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux /proc only")
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_NOHUGEPAGE and /proc/self/smaps")
 def test_batch_buffers_are_in_small_pages(small_store, cache):
     """numpy asks for huge pages for arrays of 4 MB and more; the batch buffers are kept
     out of them (zstore.buffers.small_page_array), and hold the same windows."""

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import warnings
 from pathlib import Path
 
@@ -305,3 +306,64 @@ def test_stats_aggregate_over_processes_and_clear(tmp_path):
     clear_cache(cfg)
     stats = cache_stats(cfg)
     assert stats["ram"]["entries"] == 0 and stats["ram"]["hits"] == 0
+
+
+def _spy_on_stores(monkeypatch, tier: Tier) -> tuple[list[tuple[str, bool]], threading.Event]:
+    """(type of value, whether inside the index's transaction) of each file write, and
+    an event set after the first."""
+    from zstore.cache.tier import _Disk
+
+    seen: list[tuple[str, bool]] = []
+    stored = threading.Event()
+    real = _Disk.store
+
+    def store(self, value, read, key=None):
+        seen.append((type(value).__name__, tier._cache._txn_id is not None))
+        try:
+            return real(self, value, read, key=key)
+        finally:
+            stored.set()
+
+    monkeypatch.setattr(_Disk, "store", store)
+    return seen, stored
+
+
+def test_a_value_file_is_written_before_the_index_is_locked(tmp_path, monkeypatch):
+    """With room in the tier, a value's file is written first and the index's write
+    lock is held only for its rows: written inside the transaction, the node's writers
+    took the lock in turn for a whole 7 MB file each, and one rank's SSD writes waited
+    behind the others' for epochs."""
+    import sqlite3
+
+    tier = Tier("ssd", str(tmp_path / "t"), 2**26, Stats(None), admission=True)
+    assert tier.put("first", b"opens the index")
+    seen, stored = _spy_on_stores(monkeypatch, tier)
+    value = os.urandom(2**20)
+    other = sqlite3.connect(tmp_path / "t" / "cache.db", timeout=60, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction
+    done: list[bool] = []
+    writer = threading.Thread(target=lambda: done.append(tier.put("k", value)))
+    try:
+        writer.start()
+        assert stored.wait(60)  # the file is written while the index stays locked
+        assert seen[0] == ("Parts", False)
+    finally:
+        other.execute("COMMIT")
+        other.close()
+    writer.join(120)
+    assert done == [True] and tier.get("k") == value
+    assert [inside for _, inside in seen[1:]] == [True]  # then recorded, not written again
+
+
+def test_near_its_budget_a_tier_writes_after_making_room(tmp_path, monkeypatch):
+    """Near the budget the file is written inside the transaction, after the evictions
+    that make room for it: writers that each found room before writing could together
+    put the tier over its budget."""
+    budget = 3 * 2**20
+    tier = Tier("ram", str(tmp_path / "t"), budget, Stats(None))
+    for key, value in values(12, 200_000).items():
+        assert tier.put(key, value)
+    seen, _ = _spy_on_stores(monkeypatch, tier)
+    assert tier.put("late", os.urandom(200_000))
+    assert seen == [("Parts", True)]
+    assert tier.usage()["bytes_on_disk"] <= budget

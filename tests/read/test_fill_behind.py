@@ -102,6 +102,79 @@ def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, hold):
     assert reader.settle(timeout=120)
 
 
+def test_the_fork_gate_is_shared_by_builds_and_closed_by_a_fork():
+    """Builds in several threads are inside the gate at once; a fork waits until every
+    one has left, and no build enters until the fork is done."""
+    from zstore.read._builds import _ForkGate
+
+    gate = _ForkGate()  # its fork handlers stay registered: leave it open and empty
+
+    def build(inside: threading.Event, leave: threading.Event) -> threading.Thread:
+        def run() -> None:
+            with gate.held():
+                inside.set()
+                assert leave.wait(120)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    first_in, first_out = threading.Event(), threading.Event()
+    first = build(first_in, first_out)
+    assert first_in.wait(120)
+    second_in, go = threading.Event(), threading.Event()
+    go.set()
+    build(second_in, go).join(120)
+    assert second_in.is_set()  # beside the first (one lock made it wait)
+
+    closed = threading.Event()
+    fork = threading.Thread(target=lambda: (gate._close(), closed.set()))
+    fork.start()
+    try:
+        assert not closed.wait(0.2)  # the fork waits for the build inside
+        first_out.set()
+        first.join(120)
+        assert closed.wait(120)
+        late = build(third_in := threading.Event(), go)
+        assert not third_in.wait(0.2)  # no build enters while the fork runs
+    finally:
+        first_out.set()
+        fork.join(120)
+        gate._open()
+    late.join(120)
+    assert third_in.is_set() and not gate.locked()
+
+
+def test_a_ram_fill_does_not_wait_for_an_ssd_write_beside_it(small_store, tmp_path, hold):
+    """The RAM fills and the whole-shard SSD writes run in two threads of a process.  A
+    fork waits for both, but neither waits for the other: as one lock, a fill waited for
+    the SSD write beside it, that write for the SSD tier's index, and with 4 ranks the
+    RAM tier's fill stalled for epochs."""
+    from zstore.read._builds import FORK_GATE
+    from zstore.read._ssd_shards import WholeShards
+
+    writing, release = hold(WholeShards, "put")  # an SSD write, stopped inside the gate
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="64MB",
+        ram_format="decoded",
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="256MB",
+    )
+    reader = WindowReader(small_store, cache=cfg, origin_fs=ModelledFileSystem())
+    first = reader.read(ITEM, SPANS)
+    assert writing.wait(120)
+    assert FORK_GATE.locked()  # a fork now would wait for the write
+    assert reader.behind.wait(60)  # the RAM fill ran meanwhile
+    hits = zstore.cache_stats(cfg)["ram"]["hits"]
+    again = reader.read(ITEM, SPANS)  # from the RAM tier
+    assert zstore.cache_stats(cfg)["ram"]["hits"] > hits
+    release.set()
+    assert reader.settle(timeout=120)
+    for name in SPANS:
+        np.testing.assert_array_equal(again[name], first[name])
+
+
 def test_a_first_read_with_a_ram_tier_only_takes_no_fill_lock(
     small_store, tmp_path, every_stripe_held
 ):

@@ -54,6 +54,10 @@ class Room:
         """Whether a value of ``nbytes`` can be stored at all (else it bypasses the tier)."""
         return self.need(nbytes, blocked=blocked) + self.reserve <= self.budget
 
+    def has_room(self, cache: diskcache.Cache, need: int) -> bool:
+        """Whether ``need`` more bytes fit in the free room now, evicting nothing."""
+        return bool(cache.volume() + need <= self.budget - self.reserve)
+
     def admits_as(
         self, cache: diskcache.Cache, key: str, nbytes: int, *, blocked: bool = False
     ) -> str | None:

@@ -55,10 +55,29 @@ class _Disk(diskcache.Disk):
         return filename, self.last_path
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if isinstance(value, _Written):  # written before the index's transaction
+            return value.stored
         size, mode, filename, db_value = super().store(value, read, key=key)
         if filename:
             fix_file(os.path.join(self._directory, filename))
         return rounded(size), mode, filename, db_value
+
+
+class _Written:
+    """A value file already written (what :meth:`_Disk.store` returned for it)."""
+
+    def __init__(self, stored: Any):
+        self.stored = stored
+
+
+#: A value's file is written before the index's write transaction when the tier's free
+#: room holds this many values of its size; nearer the budget, inside it (after the
+#: evictions that make room, so the tier never holds more than its budget).  Inside,
+#: the node's writers take the index in turn for a whole file write each: with 4 ranks
+#: one rank's SSD writes of 7 MB shards waited behind the others' for epochs (SQLite's
+#: busy handler sleeps up to 100 ms between tries).  Each process writes one value at
+#: a time per tier, so the room the margin keeps covers that many writers at once.
+EARLY_MARGIN = 8
 
 
 class Tier:
@@ -398,12 +417,22 @@ class Tier:
         evicted: list[int] = []
         written: list[str] = []
         try:
-            with cache._transact(retry=True) as (sql, cleanup):
-                for key, payload, head in todo:
-                    need = rounded(len(head) + len(payload))
-                    evicted += self.room.make(cache, sql, cleanup, need, key)
+            need = [rounded(len(head) + len(payload)) for _, payload, head in todo]
+            early = self.room.has_room(cache, EARLY_MARGIN * sum(need))
+            files: list[_Written | Parts] = []
+            for key, payload, head in todo:
+                if early:  # the file first, outside the index's transaction
                     disk.last_path = None
-                    cache.set(key, Parts(head, payload), read=True, retry=True)
+                    files.append(_Written(disk.store(Parts(head, payload), True, key=key)))
+                    written.append(disk.last_path)  # type: ignore[arg-type]
+                else:
+                    files.append(Parts(head, payload))
+                disk.last_path = None
+            with cache._transact(retry=True) as (sql, cleanup):
+                for (key, _, _), value, n in zip(todo, files, need):
+                    evicted += self.room.make(cache, sql, cleanup, n, key)
+                    disk.last_path = None
+                    cache.set(key, value, read=True, retry=True)
                     if disk.last_path:
                         written.append(disk.last_path)
                     disk.last_path = None

@@ -55,30 +55,57 @@ MAX_WRITE_BYTES = 128 * 2**20
 
 
 class _ForkGate:
-    """Held by a build while it works, and by a fork while it forks: a process never
+    """Held by builds while they work, and by a fork while it forks: a process never
     forks while a build is inside SQLite, blosc or malloc.  A child forked in the middle
     of one inherits that library's lock held by a thread it does not have, and waits
     for it forever (seen: a DataLoader worker, forked while a build was in SQLite, hung
-    in ``sqlite3Malloc`` opening its tier).  A fork waits at most one shard's build."""
+    in ``sqlite3Malloc`` opening its tier).  A fork waits at most one shard's build.
+
+    Builds share it: the RAM fills and the SSD writes are in different threads, and one
+    must not wait for the other.  As one lock, a fill waited for the SSD write beside it,
+    and that write for the SSD tier's index, which the other ranks' writes held in
+    turn: with 4 ranks the RAM tier's fill stalled for whole epochs (its size stayed
+    flat for 2-3 epochs; docs/benchmarks-notes.md)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._reset()
         os.register_at_fork(
-            before=self._lock.acquire,
-            after_in_parent=self._lock.release,
-            after_in_child=self._reset,
+            before=self._close, after_in_parent=self._open, after_in_child=self._reset
         )
 
-    def _reset(self) -> None:
-        self._lock = threading.Lock()  # the child's copy is held by the fork
+    def _reset(self) -> None:  # the child's copy may be held by threads it does not have
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0  # builds in the gate now
+        self._forking = False
+
+    def _close(self) -> None:
+        """Before a fork: wait for the builds inside, and let no new one in."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._forking)  # another thread's fork
+            self._forking = True
+            self._cond.wait_for(lambda: self._inside == 0)
+
+    def _open(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
 
     def locked(self) -> bool:
-        return self._lock.locked()
+        """Whether a build is inside (a fork now would wait for it)."""
+        return self._inside > 0
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        with self._lock:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._forking)
+            self._inside += 1
+        try:
             yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                if not self._inside:
+                    self._cond.notify_all()
 
 
 FORK_GATE = _ForkGate()

@@ -5,6 +5,8 @@ thread under the node's lock, and nothing waits for it (issue #28)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -65,6 +67,70 @@ def test_a_first_read_is_served_before_its_shards_are_filled(
     again = reader.read(ITEM, SPANS)  # now from the shards in the tier
     np.testing.assert_array_equal(again["wav"], got["wav"])
     assert zstore.cache_stats(cfg)["ram"]["hits"] > hits
+
+
+@pytest.fixture
+def live_process():
+    """A process that stays alive until the test ends (it waits on its stdin)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    yield child
+    child.stdin.close()
+    child.wait(120)
+
+
+def test_builds_wait_for_the_other_processes_first_reads(small_store, tmp_path, live_process):
+    """A process's fills wait for its own first read and for the first reads the node's
+    other processes have running (each marks itself under the RAM tier's ``starting``
+    directory): with 4 ranks, the ranks served first filled beside the others' first
+    batches, and the slowest first batch took ~1.4x as long as with no tiers."""
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    starting = tmp_path / "ram" / "starting"
+    starting.mkdir(parents=True)
+    (starting / str(live_process.pid)).touch()  # another rank, on its first read
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (starting / gone.stdout.strip()).touch()  # a rank killed in its first read
+
+    reader = WindowReader(small_store, cache=cfg)
+    got = reader.read(ITEM, SPANS)
+    assert reader.hold.holding and reader.behind.held  # its fills wait
+    assert not (starting / gone.stdout.strip()).exists()  # the dead one's mark is gone
+    assert not (starting / str(os.getpid())).exists()  # its own first read is served
+    fills = zstore.cache_stats(cfg)["ram"]["fills"]
+    reader.read(ITEM, SPANS)
+    assert reader.behind.held and zstore.cache_stats(cfg)["ram"]["fills"] == fills
+
+    (starting / str(live_process.pid)).unlink()  # the other rank's first batch is served
+    again = reader.read(ITEM, SPANS)
+    assert not reader.hold.holding
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cfg)["ram"]["fills"] > fills  # the shards are in now
+    np.testing.assert_array_equal(again["wav"], got["wav"])
+
+
+def test_builds_wait_for_other_first_reads_only_so_long(
+    small_store, tmp_path, live_process, monkeypatch
+):
+    """A rank whose first read never ends (or a pid reused by another process) holds
+    the others' fills back HOLD_AT_MOST seconds at most."""
+    from zstore.read import _builds
+
+    monkeypatch.setattr(_builds, "HOLD_AT_MOST", 0.0)
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    starting = tmp_path / "ram" / "starting"
+    starting.mkdir(parents=True)
+    (starting / str(live_process.pid)).touch()
+    reader = WindowReader(small_store, cache=cfg)
+    reader.read(ITEM, SPANS)
+    assert not reader.hold.holding
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cfg)["ram"]["fills"] > 0
 
 
 def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_path):

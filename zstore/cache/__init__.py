@@ -11,6 +11,7 @@ May import: the shared leaves only (errors, units, urls).  Never :mod:`zstore.fo
 """
 
 from zstore.cache.files import open_file, write_json
+from zstore.cache.first_reads import FirstReads
 from zstore.cache.options import CacheConfig, ResolvedCache, as_cache_config
 from zstore.cache.ownership import make_dir
 from zstore.cache.ram_format import FormatChoice, choose, record
@@ -25,6 +26,7 @@ __all__ = [
     "Checked",
     "choose",
     "clear_cache",
+    "FirstReads",
     "FormatChoice",
     "make_dir",
     "mark_stats",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from zstore.cache.files import fix_file, open_file
+from zstore.cache.first_reads import alive
 from zstore.cache.ownership import make_dir
 
 TIERS = ("ram", "ssd")
@@ -37,16 +38,6 @@ FIELDS = (
 )
 _INDEX = {name: i for i, name in enumerate(FIELDS)}
 _SLOTS = 64  # room to add counters without changing the file size
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Stats:
@@ -116,7 +107,7 @@ def fold(directory: str) -> None:
         dead = []
         for name in os.listdir(directory):
             pid = name.split("-", 1)[0]
-            if name.endswith(".bin") and pid.isdigit() and not _alive(int(pid)):
+            if name.endswith(".bin") and pid.isdigit() and not alive(int(pid)):
                 total += _read(os.path.join(directory, name))
                 dead.append(name)
         if dead:
@@ -138,7 +129,7 @@ def _sum(directory: str | None, live_only: bool = False) -> np.ndarray:
             pid = name.split("-", 1)[0]
             if not name.endswith(".bin"):
                 continue
-            if live_only and not (pid.isdigit() and _alive(int(pid))):
+            if live_only and not (pid.isdigit() and alive(int(pid))):
                 continue
             counts += _read(os.path.join(directory, name))
     return counts

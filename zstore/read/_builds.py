@@ -37,8 +37,11 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from zstore.cache import FirstReads
 
 log = logging.getLogger("zstore")
 
@@ -109,6 +112,49 @@ class _ForkGate:
 
 
 FORK_GATE = _ForkGate()
+
+
+#: Seconds a process's builds wait, once its own first read is served, for the node's
+#: other processes' first reads.
+HOLD_AT_MOST = 5.0
+
+
+class FirstReadHold:
+    """Builds held until this process's first read is served and, with several
+    processes on the node, until theirs are too (at most HOLD_AT_MOST seconds more).
+
+    Held for the process's own first read only, the ranks that were served first
+    started their fills and SSD writes beside the others' first batches: with 4 ranks
+    on a cold origin, the slowest rank's first batch took ~1.4x as long as with no
+    tiers (docs/benchmarks-notes.md)."""
+
+    def __init__(self, builds: list[BehindBuilds], marks: FirstReads):
+        self.builds, self.marks = builds, marks
+        self.holding = True
+        self._served: float | None = None  # when this process's first read was served
+
+    def begin(self) -> None:
+        """A read starts: the first one marks this process as starting."""
+        if self.holding and self._served is None:
+            self.marks.begin()
+
+    def served(self) -> None:
+        """A read was served (or failed): release the builds when no other process on
+        the node is still on its first read."""
+        if not self.holding:
+            return
+        if self._served is None:
+            self.marks.end()
+            self._served = time.monotonic()
+        if time.monotonic() - self._served >= HOLD_AT_MOST or not self.marks.others():
+            self.release()
+
+    def release(self) -> None:
+        """Start the builds now (``settle()``, ``zstore cache warm``, or all served)."""
+        self.holding = False
+        self.marks.end()
+        for builds in self.builds:
+            builds.release()
 
 
 class BehindBuilds:

@@ -24,7 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache import CacheConfig, FormatChoice, ResolvedCache, TieredCache, make_dir, open_file
+from zstore.cache import (
+    CacheConfig,
+    FirstReads,
+    FormatChoice,
+    ResolvedCache,
+    TieredCache,
+    make_dir,
+    open_file,
+)
 from zstore.cache import choose as choose_format
 from zstore.cache import record as record_format
 from zstore.errors import IntegrityError, StoreFormatError
@@ -41,7 +49,7 @@ from zstore.format import (
     verified_tables,
 )
 from zstore.origin import Origin
-from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds
+from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds, FirstReadHold
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
 from zstore.read._packed_batch import packed_batch, packed_read
@@ -157,7 +165,8 @@ class WindowReader:
         #: both held until its first read is served (see ``start_builds``)
         self.behind = BehindBuilds(on_idle=drop_reused_scratch, held=True)
         self.writes = BehindBuilds("zstore-ssd-write", max_bytes=MAX_WRITE_BYTES, held=True)
-        self._holding = True
+        starting = self.tiers.node_dir("starting") if self.tiers is not None else None
+        self.hold = FirstReadHold([self.behind, self.writes], FirstReads(starting))
         self.source = ChunkSource(
             self.url,
             self.origin,
@@ -292,22 +301,22 @@ class WindowReader:
 
     @contextlib.contextmanager
     def _first_served(self) -> Iterator[None]:
-        """Start the builds held back (:meth:`start_builds`) once this read is served,
-        or has failed."""
+        """Start the builds held back once this read is served, or has failed, and
+        no other process on the node is still on its first read (``FirstReadHold``)."""
+        self.hold.begin()
         try:
             yield
         finally:
-            if self._holding:
-                self.start_builds()
+            self.hold.served()
 
     def start_builds(self) -> None:
         """Let this process's builds behind the reads start.  They are held until its
-        first read (or batch) is served, so that a fresh job's first batch is read with
-        no fill beside it; ``zstore cache warm`` starts them before its first fetch."""
+        first read (or batch) is served, and the first reads of the node's other
+        processes (at most ``zstore.read._builds.HOLD_AT_MOST`` seconds more), so that
+        a fresh job's first batches are read with no fill beside them; ``zstore cache
+        warm`` starts them before its first fetch, ``settle()`` at once."""
         self.open()
-        self._holding = False
-        self.behind.release()
-        self.writes.release()
+        self.hold.release()
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until the shards this process is building behind its reads are in the
@@ -316,6 +325,7 @@ class WindowReader:
         shard; see ``zstore.read._builds``).  False if ``timeout`` seconds passed first."""
         if self._pid != os.getpid():
             return True
+        self.hold.release()
         t0 = time.monotonic()
         if not self.writes.wait(timeout):
             return False

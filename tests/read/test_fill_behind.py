@@ -114,6 +114,48 @@ def test_builds_wait_for_the_other_processes_first_reads(small_store, tmp_path, 
     np.testing.assert_array_equal(again["wav"], got["wav"])
 
 
+def test_a_process_that_forks_or_exits_starts_its_held_builds(small_store, tmp_path, live_process):
+    """Held fills hold the node's locks for their shards: a process releases them before
+    it forks (DataLoader workers must not inherit them; a torchrun job's workers, forked
+    while a rank held its first fills, left shards unfetched) and when it exits (a
+    process whose reads all ran while others were on their first reads)."""
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    starting = tmp_path / "ram" / "starting"
+    starting.mkdir(parents=True)
+    (starting / str(live_process.pid)).touch()  # another rank, on its first read
+
+    script = (
+        "import sys\n"
+        "from zstore.format import Span\n"
+        "from zstore.read import WindowReader\n"
+        "import zstore\n"
+        "cfg = zstore.CacheConfig(ram_dir=sys.argv[2], ram_bytes='64MB', ssd_dir=None)\n"
+        "reader = WindowReader(sys.argv[1], cache=cfg)\n"
+        f"reader.read({ITEM!r}, {{'wav': Span(16000, 48000), 'act': Span(100, 300)}})\n"
+        "assert reader.hold.holding and reader.behind.pending\n"
+        "assert zstore.cache_stats(cfg)['ram']['fills'] == 0\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, small_store, str(tmp_path / "ram")], check=True, timeout=600
+    )
+    filled = zstore.cache_stats(cfg)["ram"]["fills"]
+    assert filled == len(SPANS)  # the wav and act shards, filled as it exited
+
+    other = zstore.CacheConfig(ram_dir=tmp_path / "ram2", ram_bytes="64MB", ssd_dir=None)
+    (tmp_path / "ram2" / "starting").mkdir(parents=True)
+    (tmp_path / "ram2" / "starting" / str(live_process.pid)).touch()
+    reader = WindowReader(small_store, cache=other)
+    reader.read(ITEM, SPANS)
+    assert reader.hold.holding
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert not reader.hold.holding  # released before the fork
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(other)["ram"]["fills"] == filled
+
+
 def test_builds_wait_for_other_first_reads_only_so_long(
     small_store, tmp_path, live_process, monkeypatch
 ):

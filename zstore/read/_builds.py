@@ -32,12 +32,14 @@ read, so the fill never waits in front of a read.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -132,6 +134,7 @@ class FirstReadHold:
         self.builds, self.marks = builds, marks
         self.holding = True
         self._served: float | None = None  # when this process's first read was served
+        _release_at_exit(self)
 
     def begin(self) -> None:
         """A read starts: the first one marks this process as starting."""
@@ -155,6 +158,41 @@ class FirstReadHold:
         self.marks.end()
         for builds in self.builds:
             builds.release()
+
+
+_HOLDS: weakref.WeakSet[FirstReadHold] = weakref.WeakSet()
+_REGISTERED = -1  # the process that registered _release_all
+
+
+def _release_all() -> None:
+    for hold in list(_HOLDS):
+        hold.release()
+
+
+# A process that forks (DataLoader workers) releases its held builds first: queued
+# fills hold the node's locks for their shards, and children must not inherit them
+# (measured: a torchrun job's workers, forked while the rank held its first fills,
+# left shards of the store unfetched).  Registered after the fork gate, so it runs
+# before the gate closes: the fork then waits for the build that has started.
+os.register_at_fork(before=_release_all)
+
+
+def _release_at_exit(hold: FirstReadHold) -> None:
+    """Release ``hold`` when the process exits, before its threads are joined: a process
+    (a DataLoader worker, say) whose reads all ran while other processes were on their
+    first reads would otherwise exit with its fills never started, and the node's tiers
+    would miss those shards (threading's hook runs in multiprocessing's children too,
+    where ``atexit`` does not)."""
+    global _REGISTERED
+    _HOLDS.add(hold)
+    if _REGISTERED == os.getpid():
+        return
+    _REGISTERED = os.getpid()
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        (register or atexit.register)(_release_all)
+    except RuntimeError:  # the interpreter is shutting down already
+        pass
 
 
 class BehindBuilds:

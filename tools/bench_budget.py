@@ -8,8 +8,10 @@ holds the whole store, warmed once) and each ``ram_format`` (the default and the
 explicit ones), one process (or ``--ranks`` processes sharing the node's tiers) reads
 the same random 10 s windows for ``--epochs`` epochs.  h5py's hyperslab and the
 single-core decode limit (numcodecs on the window's chunks, already in memory) read the
-same windows in the same run.  Writes docs/benchmarks-budget.json and the section
-"Beyond the RAM budget" of docs/benchmarks.md, and docs/benchmarks-budget.png.
+same windows in the same run.  Each configuration runs ``--reps`` times, interleaved
+(within each budget, each format first in turn), and the tables show the medians.
+Writes docs/benchmarks-budget.json and the section "Beyond the RAM budget" of
+docs/benchmarks.md, and docs/benchmarks-budget.png.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import statistics
 import sys
 import time
 from typing import Any
@@ -176,6 +179,28 @@ def run_config(
     return out
 
 
+def in_turn(configs: list[tuple[int, float, str]], rep: int) -> list[tuple[int, float, str]]:
+    """``configs`` in the order of repetition ``rep``: within each (ranks, budget), the
+    formats rotated so that each one runs first in turn (the first run after the tier
+    of the one before was deleted pays this machine's fresh-memory cost)."""
+    out: list[tuple[int, float, str]] = []
+    groups: dict[tuple[int, float], list[tuple[int, float, str]]] = {}
+    for c in configs:
+        groups.setdefault(c[:2], []).append(c)
+    for group in groups.values():
+        k = rep % len(group)
+        out += group[k:] + group[:k]
+    return out
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run of medians, epoch by epoch, over the repetitions of a configuration."""
+    out = dict(runs[0])
+    for key in ("windows_per_s", "ram_fill_bytes", "ram_hit_rate", "read_bytes"):
+        out[key] = [statistics.median(r[key][e] for r in runs) for e in range(len(runs[0][key]))]
+    return out
+
+
 def counters(config: Any) -> dict[str, int]:
     from zstore.cache._stats import read_stats
     from zstore.cache.tiered import node_dir
@@ -289,7 +314,9 @@ def write(results: dict[str, Any], docs: str) -> None:
         f"{results['items']} items, {results['decoded_bytes'] / 1e6:.0f} MB decoded, "
         f"{results['store_bytes'] / 1e6:.0f} MB stored; the SSD tier holds the whole "
         f"store (warmed once); random 10 s windows ({results['per_epoch']} per epoch per "
-        f"rank), {results['epochs']} epochs. Reference, same windows: h5py hyperslab "
+        f"rank), {results['epochs']} epochs; medians of {results.get('reps', 1)} "
+        "interleaved repetitions per configuration (within each budget, each format "
+        "first in turn), after one run per rank count that is not counted. Reference, same windows: h5py hyperslab "
         f"{ref['h5_slab']:.0f} windows/s, single-core decode limit "
         f"{ref['decode_limit']:.0f} windows/s.",
         "",
@@ -429,6 +456,7 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
     p.add_argument("--formats", nargs="+", default=list(FORMATS))
+    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
     p.add_argument("--docs", default="docs")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
@@ -445,28 +473,33 @@ def main() -> None:
     results["reference"] = reference(info, sample)
     results["hits"] = hit_costs(info, work, sample, results["reference"]["decode_limit"])
     print(json.dumps(results["reference"]), json.dumps(results["hits"]), flush=True)
-    for ranks in args.ranks:
-        for fraction in args.fractions:
-            for fmt in args.formats:
-                if fraction == 0 and fmt != args.formats[0]:
-                    continue  # no RAM tier: the format does not matter
-                r = run_config(info, work, fraction, fmt, args.epochs, args.per_epoch, ranks)
-                results["runs"].append(r)
-                print(
-                    json.dumps(
-                        {
-                            k: r[k]
-                            for k in (
-                                "ranks",
-                                "fraction",
-                                "format",
-                                "windows_per_s",
-                                "ram_hit_rate",
-                            )
-                        }
-                    ),
-                    flush=True,
-                )
+    configs = [
+        (ranks, fraction, fmt)
+        for ranks in args.ranks
+        for fraction in args.fractions
+        for fmt in args.formats
+        if fraction or fmt == args.formats[0]  # no RAM tier: the format does not matter
+    ]
+    for ranks in args.ranks:  # not counted: the first run after a freed tier starts slow
+        run_config(info, work, args.fractions[0], args.formats[0], 1, args.per_epoch, ranks)
+    reps: dict[tuple[int, float, str], list[dict[str, Any]]] = {c: [] for c in configs}
+    for rep in range(args.reps):
+        for ranks, fraction, fmt in in_turn(configs, rep):
+            r = run_config(info, work, fraction, fmt, args.epochs, args.per_epoch, ranks)
+            reps[(ranks, fraction, fmt)].append(r)
+            print(
+                json.dumps(
+                    {"rep": rep}
+                    | {
+                        k: r[k]
+                        for k in ("ranks", "fraction", "format", "windows_per_s", "ram_hit_rate")
+                    }
+                ),
+                flush=True,
+            )
+    results["reps"] = args.reps
+    results["repetitions"] = [r for c in configs for r in reps[c]]
+    results["runs"] = [median_run(reps[c]) for c in configs]
     if not args.no_write:
         write(results, args.docs)
 

@@ -367,3 +367,25 @@ def test_near_its_budget_a_tier_writes_after_making_room(tmp_path, monkeypatch):
     assert tier.put("late", os.urandom(200_000))
     assert seen == [("Parts", True)]
     assert tier.usage()["bytes_on_disk"] <= budget
+
+
+def test_a_value_file_swept_before_its_row_is_written_again(tmp_path, monkeypatch):
+    """A file written before its index transaction has no row until the commit; a sweep
+    that took it for a killed writer's (it waited over a minute for the index) must not
+    leave a row without a file: the insert writes it again."""
+    from zstore.cache.tier import _Disk, _Written
+
+    tier = Tier("ssd", str(tmp_path / "t"), 2**26, Stats(None), admission=True)
+    real = _Disk.store
+
+    def store_then_sweep(self, value, read, key=None):
+        out = real(self, value, read, key=key)
+        if tier._cache._txn_id is None and not isinstance(value, _Written):
+            os.unlink(self.last_path)  # written early, then swept before its transaction
+        return out
+
+    monkeypatch.setattr(_Disk, "store", store_then_sweep)
+    value = os.urandom(100_000)
+    assert tier.put("k", value)
+    monkeypatch.undo()
+    assert tier.get("k") == value

@@ -64,10 +64,12 @@ class _Disk(diskcache.Disk):
 
 
 class _Written:
-    """A value file already written (what :meth:`_Disk.store` returned for it)."""
+    """A value file already written at ``path`` (what :meth:`_Disk.store` returned for
+    it).  Until its index row is committed, a sweep may take it for a killed writer's
+    file (after a minute): the insert then writes it again, under the index's lock."""
 
-    def __init__(self, stored: Any):
-        self.stored = stored
+    def __init__(self, stored: Any, path: str):
+        self.stored, self.path = stored, path
 
 
 #: A value's file is written before the index's write transaction when the tier's free
@@ -423,13 +425,16 @@ class Tier:
             for key, payload, head in todo:
                 if early:  # the file first, outside the index's transaction
                     disk.last_path = None
-                    files.append(_Written(disk.store(Parts(head, payload), True, key=key)))
+                    stored = disk.store(Parts(head, payload), True, key=key)
+                    files.append(_Written(stored, disk.last_path))  # type: ignore[arg-type]
                     written.append(disk.last_path)  # type: ignore[arg-type]
                 else:
                     files.append(Parts(head, payload))
                 disk.last_path = None
             with cache._transact(retry=True) as (sql, cleanup):
-                for (key, _, _), value, n in zip(todo, files, need):
+                for (key, payload, head), value, n in zip(todo, files, need):
+                    if isinstance(value, _Written) and not os.path.exists(value.path):
+                        value = Parts(head, payload)  # swept while it waited: write it now
                     evicted += self.room.make(cache, sql, cleanup, n, key)
                     disk.last_path = None
                     cache.set(key, value, read=True, retry=True)

@@ -389,3 +389,29 @@ def test_a_value_file_swept_before_its_row_is_written_again(tmp_path, monkeypatc
     assert tier.put("k", value)
     monkeypatch.undo()
     assert tier.get("k") == value
+
+
+def test_each_thread_sees_the_value_file_it_wrote(tmp_path):
+    """A process's reads, RAM fills and SSD writes write value files at once, outside
+    the index's lock; the path a put cleans up after a refusal is its own thread's (one
+    shared attribute gave a fill another thread's path, or None)."""
+    tier = Tier("ssd", str(tmp_path / "t"), 2**26, Stats(None), admission=True)
+    assert tier.put("first", b"opens the index")
+    disk = tier._cache.disk
+    made, other_done = threading.Event(), threading.Event()
+    seen: list[str | None] = []
+
+    def first() -> None:
+        _, mine = disk.filename()
+        made.set()
+        assert other_done.wait(60)
+        seen.append(disk.last_path == mine and mine)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert made.wait(60)
+    _, theirs = disk.filename()  # another thread writes a file meanwhile
+    other_done.set()
+    thread.join(60)
+    assert seen and seen[0] and seen[0] != theirs
+    assert disk.last_path == theirs

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -36,10 +37,25 @@ from zstore.urls import network_fs_type
 
 class _Disk(diskcache.Disk):
     """diskcache's Disk with page-rounded sizes, one level of 256 subdirectories, and
-    the tier's modes on what it creates (see :mod:`zstore.cache.ownership`)."""
+    the tier's modes on what it creates (see :mod:`zstore.cache.ownership`).
 
-    last_path: str | None = None
+    ``last_path`` (the file the calling thread created last) is per thread: a process's
+    reads, RAM fills and SSD writes write value files at once, outside the index's lock
+    (one shared attribute gave a thread another's path, or None)."""
+
     _made: set[str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._thread = threading.local()
+
+    @property
+    def last_path(self) -> str | None:
+        return getattr(self._thread, "path", None)
+
+    @last_path.setter
+    def last_path(self, path: str | None) -> None:
+        self._thread.path = path
 
     def filename(
         self, key: Any = diskcache.core.UNKNOWN, value: Any = diskcache.core.UNKNOWN

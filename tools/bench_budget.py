@@ -179,7 +179,7 @@ def run_config(
     return out
 
 
-def in_turn(configs: list[tuple[int, float, str]], rep: int) -> list[tuple[int, float, str]]:
+def rep_order(configs: list[tuple[int, float, str]], rep: int) -> list[tuple[int, float, str]]:
     """``configs`` in the order of repetition ``rep``: within each (ranks, budget), the
     formats rotated so that each one runs first in turn (the first run after the tier
     of the one before was deleted pays this machine's fresh-memory cost)."""
@@ -484,7 +484,7 @@ def main() -> None:
         run_config(info, work, args.fractions[0], args.formats[0], 1, args.per_epoch, ranks)
     reps: dict[tuple[int, float, str], list[dict[str, Any]]] = {c: [] for c in configs}
     for rep in range(args.reps):
-        for ranks, fraction, fmt in in_turn(configs, rep):
+        for ranks, fraction, fmt in rep_order(configs, rep):
             r = run_config(info, work, fraction, fmt, args.epochs, args.per_epoch, ranks)
             reps[(ranks, fraction, fmt)].append(r)
             print(

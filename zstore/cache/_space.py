@@ -56,7 +56,11 @@ class Room:
 
     def has_room(self, cache: diskcache.Cache, need: int) -> bool:
         """Whether ``need`` more bytes fit in the free room now, evicting nothing."""
-        return bool(cache.volume() + need <= self.budget - self.reserve)
+        return self._excess(cache, need) <= 0
+
+    def _excess(self, cache: diskcache.Cache, need: int) -> int:
+        """Bytes to evict before ``need`` more fit in the budget (its reserve kept)."""
+        return int(cache.volume() + need - (self.budget - self.reserve))
 
     def admits_as(
         self, cache: diskcache.Cache, key: str, nbytes: int, *, blocked: bool = False
@@ -84,7 +88,7 @@ class Room:
     ) -> list[tuple[int, str]] | None:
         """The values to evict so that ``need`` more bytes fit (oldest stored first), or
         None when admission refuses (the newcomer is not clearly used more than they are)."""
-        excess = cache.volume() + need - (self.budget - self.reserve)
+        excess = self._excess(cache, need)
         if excess <= 0:
             return []
         rows = sql(
@@ -109,8 +113,7 @@ class Room:
     ) -> list[int]:
         """Delete values until ``need`` more bytes fit; their inodes.  Raises
         :class:`Refused` when admission keeps the resident values."""
-        limit = self.budget - self.reserve
-        excess = cache.volume() + need - limit
+        excess = self._excess(cache, need)
         inodes: list[int] = []
         while excess > 0:
             victims = self.victims(cache, sql, key, need)
@@ -126,5 +129,5 @@ class Room:
                     pass
                 cleanup(filename)
             self.stats.add(f"{self.name}_evictions", len(victims))
-            excess = cache.volume() + need - limit
+            excess = self._excess(cache, need)
         return inodes

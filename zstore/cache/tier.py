@@ -442,8 +442,9 @@ class Tier:
                 if early:  # the file first, outside the index's transaction
                     disk.last_path = None
                     stored = disk.store(Parts(head, payload), True, key=key)
-                    files.append(_Written(stored, disk.last_path))  # type: ignore[arg-type]
-                    written.append(disk.last_path)  # type: ignore[arg-type]
+                    path = os.path.join(disk._directory, stored[2])  # (size, mode, filename, _)
+                    files.append(_Written(stored, path))
+                    written.append(path)
                 else:
                     files.append(Parts(head, payload))
                 disk.last_path = None

@@ -21,6 +21,7 @@ from zstore.read._ram_shards import ShardForm
 from zstore.testing import ModelledFileSystem
 
 ITEM = "utt000002"
+RATES = {"wav": 16000, "act": 100}
 SPANS = {"wav": Span(16000, 48000), "act": Span(100, 300)}
 
 
@@ -189,6 +190,45 @@ def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] == filled  # nothing left to fill
     assert stats["ram"]["hits"] > 0
+
+
+@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
+def test_warm_copies_nothing_out_and_the_tier_then_holds_the_source(
+    small_h5, tmp_path, monkeypatch, ram_format
+):
+    """``zstore cache warm`` only fills: no item is assembled (its builds share one
+    scratch buffer per thread), and afterwards every item, read whole from the RAM tier
+    alone, equals what h5py reads from the HDF5 file.  Short chunks put the longer
+    items across two shards, so one item's builds follow each other in that buffer."""
+    import h5py
+
+    import zstore.read.reader as reader_module
+
+    store = tmp_path / "store.zarr"
+    zstore.convert(
+        small_h5, store, rates=RATES, chunk_seconds=0.1, workers=1, progress=False, pack_seconds=0
+    )
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="256MB", ram_format=ram_format, ssd_dir=None
+    )
+
+    def assembled(*args, **kwargs):
+        raise AssertionError("warm copied an item out")
+
+    with monkeypatch.context() as m:
+        m.setattr(reader_module, "_assemble", assembled)
+        done = zstore.warm(str(store), cache=cfg, workers=2, progress=False)
+    filled = zstore.cache_stats(cfg)["ram"]["fills"]
+    reader = WindowReader(str(store), cache=cfg)
+    with h5py.File(small_h5, "r") as h5:
+        assert done == {"items": len(h5), "bytes": sum(g[n].nbytes for g in h5.values() for n in g)}
+        assert max(h5[item]["wav"].shape[-1] for item in h5) > 64 * 1600  # two shards
+        for item in h5:
+            got = reader.read(item, {"wav": None, "act": None})
+            for name in ("wav", "act"):
+                np.testing.assert_array_equal(got[name], h5[item][name][()])
+    stats = zstore.cache_stats(cfg)["ram"]
+    assert stats["fills"] == filled and stats["hits"] > 0  # all from the tier
 
 
 def test_a_fill_holds_the_fork_gate_while_it_works(small_store, tmp_path, hold):

@@ -66,7 +66,7 @@ def warm(
         if first.ssd_holds_store:  # a no-op where the SSD tier was refused
             for n in spans:
                 reader.source.keep_whole(reader.placed(item, n, position)[0])
-        nbytes = sum(a.nbytes for a in reader.read(item, spans, position).values())
+        nbytes = reader.warm(item, spans, position)
         reader.settle()  # shards fetched whole are written behind the read: wait for them
         return nbytes
 

@@ -13,6 +13,7 @@ and decoded (:func:`chunk_pieces`).
 from __future__ import annotations
 
 import abc
+import contextlib
 import ctypes
 import mmap
 import threading
@@ -647,6 +648,20 @@ _REUSE = _Reused()
 
 def drop_reused_scratch() -> None:
     _REUSE.buf = None
+
+
+@contextlib.contextmanager
+def reused_scratch() -> Iterator[None]:
+    """This thread's shard builds share one scratch mapping, as the builder thread's
+    do: for a caller that drops the pieces a build returns (``zstore cache warm``),
+    since the next build overwrites them.  A fresh mapping per shard page-faulted its
+    whole size in: copying chunks into it took 0.30 s of a 1.44 s single-thread warm of
+    480 MB (docs/benchmarks-notes.md)."""
+    was, _REUSE.on = _REUSE.on, True
+    try:
+        yield
+    finally:
+        _REUSE.on = was
 
 
 def release_free_memory() -> None:

@@ -16,6 +16,7 @@ import bisect
 import contextlib
 import functools
 import json
+import math
 import os
 import threading
 import time
@@ -63,6 +64,7 @@ from zstore.read._ram_shards import (
     chunk_pieces,
     drop_reused_scratch,
     release_free_memory,
+    reused_scratch,
 )
 from zstore.read._zarr_store import CachedStore
 from zstore.read.streamcopy import copy_streamed
@@ -298,6 +300,29 @@ class WindowReader:
             out = self._read(item, spans, position)
         self._trim()
         return out
+
+    def warm(self, item: str, spans: dict[str, Span | None], position: int | None = None) -> int:
+        """Bring ``spans`` (per field; None = the whole array) of ``item`` into the
+        node's tiers as :meth:`read` would, without copying anything out
+        (``zstore cache warm``): no window is assembled, chunks read around the RAM
+        tier are fetched into the SSD tier but not decoded, and this thread's shard
+        builds share one scratch buffer.  Returns the decoded bytes the spans cover.
+
+        Reading whole items to warm them spent a third of a warm's CPU assembling
+        arrays that were thrown away, and in fresh scratch per shard
+        (docs/benchmarks-notes.md)."""
+        self.open()
+        with self._first_served(), self._lock:
+            out, plan = self._plan(item, spans, position)
+            if plan:
+                with reused_scratch():
+                    pieces = self._pieces(plan)  # the builds filled the tiers
+                del pieces
+        self._trim()
+        return sum(arr.nbytes for arr in out.values()) + sum(
+            math.prod(window_shape(layout, span)) * layout.dtype.itemsize
+            for _, layout, span in plan
+        )
 
     @contextlib.contextmanager
     def _first_served(self) -> Iterator[None]:

@@ -266,6 +266,13 @@ class Origin:
             return data
         raise AssertionError("unreachable")
 
+    def buffer(self, nbytes: int) -> memoryview | None:
+        """A view of this process's reused read memory to read ``nbytes`` into (the
+        tiers' chunk values, like the ranges of local files), or None: new memory.
+        What is read into it stays valid as long as it is referred to."""
+        self._open()
+        return self._slabs.take(nbytes)
+
     def release_idle(self) -> None:
         """Let the reused read memory go when no range was read since the last call
         (:meth:`zstore.buffers.Slabs.release_idle`)."""

@@ -123,6 +123,31 @@ def test_ssd_hit_is_promoted_to_ram(tmp_path):
     assert cache.ram.get(cache.key("x")) == b"data"
 
 
+def test_values_read_into_given_memory_are_views_of_it_and_still_checked(tmp_path):
+    """``get_many(into=...)`` reads each value into the view ``into`` gives (a reader's
+    reused slabs): the payload is a view of that memory, a value too large for it is
+    read into memory of its own, and a corrupt value is refused as before."""
+    from zstore.buffers import Slabs
+
+    tier = Tier("ssd", str(tmp_path / "t"), 2**24, Stats(None))
+    data = values(4, 50_000)
+    data["big"] = os.urandom(300_000)  # larger than a slab
+    for k, v in data.items():
+        assert tier.put(k, v)
+    slabs = Slabs(slab_bytes=200_000, keep_bytes=400_000)
+    got = tier.get_many(list(data), into=slabs.take)
+    assert [bytes(g) for g in got] == list(data.values())  # type: ignore[arg-type]
+    assert slabs.in_use() == 2  # the four small values, two to a slab
+    victim = next(f for f in (tmp_path / "t").rglob("*.val") if f.stat().st_size < 100_000)
+    raw = bytearray(victim.read_bytes())
+    raw[HEADER_SIZE + 10] ^= 0x55
+    victim.write_bytes(bytes(raw))
+    del got
+    again = tier.get_many(list(data), into=slabs.take)
+    assert sum(g is None for g in again) == 1
+    assert all(bytes(g) == data[k] for k, g in zip(data, again) if g is not None)
+
+
 def test_namespaces_never_mix(tmp_path):
     a, b = make_cache(tmp_path), make_cache(tmp_path)
     b.namespace = "store-2"

@@ -8,6 +8,7 @@ import gc
 import numpy as np
 import zarr
 
+import zstore
 from zstore.buffers import Slabs
 from zstore.format.layout import Span
 from zstore.origin import Origin
@@ -99,3 +100,32 @@ def test_windows_read_through_reused_memory_equal_the_source(small_store, monkey
         np.testing.assert_array_equal(out["act"], act)
         np.testing.assert_array_equal(out["wav"], wav)
     assert reader.origin._slabs.slab_bytes == 1 << 20 and reader.origin._slabs._slabs
+
+
+def test_ssd_tier_hits_by_ranges_land_in_reused_memory(small_store, monkeypatch, tmp_path):
+    """With ``fetch="range"`` each chunk is an SSD value; its hits are read into the
+    reader's slabs as the origin's ranges are (each into new bytes, they page-faulted
+    ~85,000 fresh pages an epoch), and windows read through them equal the source."""
+    monkeypatch.setattr("zstore.buffers.KEEP_BYTES", 2 << 20)  # two slabs, reused often
+    monkeypatch.setattr("zstore.buffers.SLAB_BYTES", 1 << 20)
+    cfg = zstore.CacheConfig(
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes="256MB", fetch="range"
+    )
+    root = zarr.open_group(small_store, mode="r")
+    items = sorted(root.group_keys())
+    reader = WindowReader(small_store, cache=cfg).open()
+    spans = {item: {"act": Span(0, 200), "wav": Span(0, 32000)} for item in items}
+    for item in items:  # the first pass fills the SSD tier from the origin
+        reader.read(item, spans[item])
+    assert reader.settle(timeout=120)
+    slabs, taken = reader.origin._slabs, []
+    take = slabs.take
+    monkeypatch.setattr(slabs, "take", lambda n: taken.append(n) or take(n))
+    requests = reader.origin.requests
+    got = [reader.read(item, spans[item]) for item in items for _ in range(3)]
+    assert reader.origin.requests == requests  # every chunk was an SSD hit
+    assert len(taken) >= 3 * len(items)  # read into the slabs
+    for i, item in enumerate(items):
+        for out in got[3 * i : 3 * i + 3]:
+            np.testing.assert_array_equal(out["act"], root[f"{item}/act"][:, :200])
+            np.testing.assert_array_equal(out["wav"], root[f"{item}/wav"][:, :32000])

@@ -18,7 +18,7 @@ import mmap
 import os
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import diskcache
@@ -210,9 +210,19 @@ class Tier:
         found = self._lookup(key, count_miss=count_miss, mapped=False)
         return None if found is None else found[0].payload
 
-    def get_many(self, keys: list[str], *, count_miss: bool = True) -> list[memoryview | None]:
+    def get_many(
+        self,
+        keys: list[str],
+        *,
+        count_miss: bool = True,
+        into: Callable[[int], memoryview | None] | None = None,
+    ) -> list[memoryview | None]:
         """Payloads for ``keys`` (None where missing or bad): one index query for all of
-        them, then one read per value -- a window's ~20 chunks cost one SQLite round."""
+        them, then one read per value -- a window's ~20 chunks cost one SQLite round.
+
+        ``into(nbytes)`` gives a writable view to read a value of that size into (None:
+        new memory), e.g. a reader's reused slabs (``zstore.buffers``): the payload is
+        then a view of it."""
         cache = self._open()
         if cache is None or not keys:
             return [None] * len(keys)
@@ -239,8 +249,7 @@ class Tier:
             value = None
             if filename is not None:
                 try:
-                    with open(os.path.join(self.directory, filename), "rb") as f:
-                        value = f.read()
+                    value = _read_value(os.path.join(self.directory, filename), into)
                 except OSError:  # evicted since the query: a miss
                     value = None
             checked = open_value(value) if value is not None else None
@@ -507,3 +516,20 @@ class Tier:
             cache.clear(retry=True)
             self.sweep(min_age=0)
             self.evictions.forget_all()
+
+
+def _read_value(path: str, into: Callable[[int], memoryview | None] | None) -> Any:
+    """The bytes of the value file at ``path``, read into ``into(size)`` when it gives
+    a view (each chunk value read into new bytes page-faulted fresh memory: ~85,000
+    pages an epoch of SSD-tier hits, docs/benchmarks-notes.md)."""
+    with open(path, "rb", buffering=0) as f:
+        view = into(os.fstat(f.fileno()).st_size) if into is not None else None
+        if view is None:
+            return f.readall()
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:  # shorter than its size said: open_value refuses it
+                break
+            got += n
+        return view[:got]

@@ -137,16 +137,21 @@ class TieredCache:
         return None
 
     def lookup_many(
-        self, keys: Sequence[str], *, ram: bool = True
+        self,
+        keys: Sequence[str],
+        *,
+        ram: bool = True,
+        into: Callable[[int], memoryview | None] | None = None,
     ) -> list[bytes | memoryview | None]:
-        """Like :meth:`lookup` for many keys: one index query per tier."""
+        """Like :meth:`lookup` for many keys: one index query per tier (``into``: see
+        :meth:`Tier.get_many`)."""
         names = [self.key(k) for k in keys]
         values: list[bytes | memoryview | None] = [None] * len(keys)
         if ram and self.ram is not None:
-            values = list(self.ram.get_many(names))
+            values = list(self.ram.get_many(names, into=into))
         todo = [i for i, v in enumerate(values) if v is None]
         if todo and self.ssd is not None:
-            found = self.ssd.get_many([names[i] for i in todo])
+            found = self.ssd.get_many([names[i] for i in todo], into=into)
             for i, value in zip(todo, found):
                 if value is not None:
                     values[i] = value
@@ -176,15 +181,16 @@ class TieredCache:
         *,
         ram: bool = True,
         passing: Collection[str] = (),
+        into: Callable[[int], memoryview | None] | None = None,
     ) -> list[bytes | memoryview | None]:
         """Like :meth:`get` for many keys; the misses are fetched in one call.
 
         ``fetch_many`` returns None for a key missing at the origin; that is
         passed on and never cached.  Keys in ``passing`` are fetched with the others
         but neither locked nor kept (ranges of a shard another process is putting in
-        the tiers whole).
+        the tiers whole).  ``into``: memory for the tiers' hits (:meth:`Tier.get_many`).
         """
-        values = self.lookup_many(keys, ram=ram)
+        values = self.lookup_many(keys, ram=ram, into=into)
         missing = [i for i, v in enumerate(values) if v is None]
         stored = self.ssd is not None or (ram and self.ram is not None)
         locked = [keys[i] for i in missing if keys[i] not in passing] if stored else []

@@ -192,7 +192,9 @@ class ChunkSource:
             requests.append((obj, start, stop))
             slots.append(i)
         values = (
-            self.fetch_many(keys, requests, ram=ram, layouts=layouts, ranges=around) if keys else []
+            self.fetch_many(keys, requests, ram=ram, layouts=layouts, ranges=around, reused=True)
+            if keys
+            else []
         )
         for i, request, data in zip(slots, requests, values):
             out[i] = (request, data)
@@ -243,12 +245,15 @@ class ChunkSource:
         ram: bool,
         layouts: dict[str, ArrayLayout],
         ranges: Collection[str] = (),
+        reused: bool = False,
     ) -> list[bytes | memoryview | None]:
         """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
 
         None stands for an object missing at the origin (a chunk never written).  With
         ``fetch="shard"`` a miss reads its object whole, unless the object is in
-        ``ranges`` (another process is fetching it whole now).
+        ``ranges`` (another process is fetching it whole now).  ``reused``: the tiers'
+        hits are read into the origin's reused memory (chunks, which are dropped once
+        decoded or built; never shard indexes, which are kept).
         """
         by_key = dict(zip(keys, requests))
 
@@ -260,7 +265,8 @@ class ChunkSource:
         # The ranges of an object another process is putting in the tiers whole are
         # neither kept (each its own SSD value, beside the whole object) nor locked.
         passing = {k for k, r in by_key.items() if r[0] in ranges} if ranges else ()
-        return self.tiers.get_many(keys, fetch, ram=ram, passing=passing)
+        into = self.origin.buffer if reused else None
+        return self.tiers.get_many(keys, fetch, ram=ram, passing=passing, into=into)
 
     def _from_origin(
         self,

@@ -148,6 +148,33 @@ def test_values_read_into_given_memory_are_views_of_it_and_still_checked(tmp_pat
     assert all(bytes(g) == data[k] for k, g in zip(data, again) if g is not None)
 
 
+def test_get_many_without_waiting_fetches_keys_whose_lock_is_held_and_keeps_the_rest(tmp_path):
+    """``wait=False``: a key whose node lock another holder has (another process's
+    fill, or its held work) is fetched at once and not kept; the others are locked,
+    fetched and kept as with ``wait=True``; nothing waits."""
+    from zstore.cache._locks import StripedLocks
+
+    cache = make_cache(tmp_path)
+    locks = cache.fill_locks
+    other = StripedLocks(locks.directory, locks.kind, locks.stripes)  # descriptors of its own
+    keys = [f"k{i}" for i in range(6)]
+    busy_key = keys[0]
+    held = other.acquire([busy_key], wait=False)
+    assert held is not None
+    free = [
+        k for k in keys if locks._stripes([cache.key(k)]) != locks._stripes([cache.key(busy_key)])
+    ]
+    assert free
+    fetched: list[list[str]] = []
+    got = cache.get_many(
+        keys, lambda miss: fetched.append(miss) or [k.encode() for k in miss], wait=False
+    )
+    assert got == [k.encode() for k in keys] and fetched == [keys]  # one call, no wait
+    assert cache.lookup(busy_key) is None  # fetched, not kept
+    assert all(cache.lookup(k) == k.encode() for k in free)
+    other.release(held)
+
+
 def test_namespaces_never_mix(tmp_path):
     a, b = make_cache(tmp_path), make_cache(tmp_path)
     b.namespace = "store-2"

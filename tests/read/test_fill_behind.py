@@ -176,6 +176,62 @@ def test_builds_wait_for_other_first_reads_only_so_long(
     assert zstore.cache_stats(cfg)["ram"]["fills"] > 0
 
 
+def test_a_process_that_stops_reading_keeps_no_node_lock_others_wait_for(
+    small_store, tmp_path, live_process, monkeypatch
+):
+    """A rank whose first batch is served and that then stops reading (it waits in an
+    allreduce, or at the epoch's end, for ranks still on their first batch) starts its
+    held work HOLD_AT_MOST seconds after its first read without another read, and so
+    releases the node's locks that work holds.  Seen: 4 ranks, S3-like origin, encoded
+    RAM form; a rank at the end of epoch 0 kept a held SSD write's fill lock, another
+    rank's first read waited for that lock stripe, and the job hung."""
+    from zstore.cache._locks import StripedLocks
+    from zstore.read import _builds
+
+    monkeypatch.setattr(_builds, "HOLD_AT_MOST", 1.0)
+    released = threading.Event()
+    real_release = _builds.FirstReadHold.release
+
+    def release(self):
+        real_release(self)
+        released.set()
+
+    monkeypatch.setattr(_builds.FirstReadHold, "release", release)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="64MB",
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="256MB",
+        fetch="shard",
+    )
+    starting = tmp_path / "ram" / "starting"
+    starting.mkdir(parents=True)
+    (starting / str(live_process.pid)).touch()  # another rank, on its first read
+    reader = WindowReader(small_store, cache=cfg, origin_fs=ModelledFileSystem()).open()
+    reader.read(ITEM, SPANS)  # fetches its shards whole: their SSD writes are queued
+    assert reader.hold.holding and not released.is_set()
+    whole = reader.source.whole_fetch.whole
+    fill_locks = reader.tiers.fill_locks
+    other = StripedLocks(fill_locks.directory, fill_locks.kind, fill_locks.stripes)
+    got: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(
+            other.acquire([whole.key(reader.layout(ITEM, "wav").object_key(0))])
+        )
+    )
+    waiter.start()  # another process's read that needs this lock stripe
+    waiter.join(120)
+    stuck = waiter.is_alive()
+    if stuck:
+        reader.hold.release()  # let the test end
+        waiter.join(120)
+    assert not stuck, "the lock was held for good while this process read nothing"
+    other.release(got[0])
+    assert released.wait(120)  # its RAM fills start without another read
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cfg)["ram"]["fills"] > 0
+
+
 def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_path):
     """``zstore cache warm`` waits for its fills: when it returns, every shard is in."""
     from zstore.cli.warm import warm
@@ -374,6 +430,56 @@ def test_a_shard_read_around_a_held_lock_is_filled_on_its_next_read(
     assert zstore.cache_stats(cfg)["ram"]["hits"] == hits + len(SPANS)
 
 
+@pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
+def test_a_first_read_takes_as_many_origin_rounds_with_a_ram_tier_as_without(
+    small_store, tmp_path, ram_format
+):
+    """The chunks of a read's shards to build, of those read around another process's
+    fill and of those the tier does not admit are fetched in one round, as with no tier:
+    fetched one kind after the other, a first read on an S3-like origin (20 ms a round)
+    waited for two or three rounds."""
+    import fcntl
+
+    fs = ModelledFileSystem()
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format, ssd_dir=None
+    )
+    plain = WindowReader(small_store, cache=False, origin_fs=fs).open()
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    rounds: dict[str, int] = {"plain": 0, "tier": 0}
+    reading = threading.current_thread()
+
+    def counted(origin, name):
+        real = origin.read_many
+
+        def read_many(requests):
+            if threading.current_thread() is reading:  # not the fill's, behind the read
+                rounds[name] += 1
+            return real(requests)
+
+        origin.read_many = read_many
+
+    counted(plain.origin, "plain")
+    counted(reader.origin, "tier")
+    locks = reader.tiers.decode_locks
+    wav_key = reader.form.key(reader.layout(ITEM, "wav"), 0)
+    act_key = reader.form.key(reader.layout(ITEM, "act"), 0)
+    assert locks._stripes([wav_key]) != locks._stripes([act_key])
+    assert locks._safe()
+    held = locks._open(locks._stripes([act_key])[0])  # another process fills act's shard
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        got = reader.read(ITEM, SPANS)
+    finally:
+        os.close(held)
+    want = plain.read(ITEM, SPANS)
+    assert rounds["tier"] == rounds["plain"] == 2  # the shard indexes, then the chunks
+    for name in SPANS:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cfg)["ram"]["fills"] >= 1  # wav's shard, behind the read
+
+
 EXIT_SCRIPT = (
     """
 import sys, threading
@@ -431,8 +537,8 @@ def test_fills_wait_until_the_first_batch_is_served(small_store, tmp_path, monke
     during: list[tuple[set[str], object]] = []
     real = ShardForm._hand_off
 
-    def hand_off(self, todo, locks):
-        pieces = real(self, todo, locks)
+    def hand_off(self, todo, locks, *fetched):
+        pieces = real(self, todo, locks, *fetched)
         during.append((set(self.behind.pending), self.behind._thread))
         return pieces
 

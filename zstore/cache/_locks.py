@@ -88,6 +88,22 @@ class StripedLocks:
             raise
         return fds
 
+    def acquire_free(self, keys: Iterable[str]) -> tuple[list[int], set[str]]:
+        """Take the locks of ``keys`` that no other holder has now, waiting for none;
+        the descriptors to :meth:`release`, and the keys whose lock is held."""
+        by_stripe: dict[int, list[str]] = {}
+        for key in keys:
+            by_stripe.setdefault(crc32c(key.encode()) % self.stripes, []).append(key)
+        fds: list[int] = []
+        busy: set[str] = set()
+        for stripe in sorted(by_stripe):
+            got = self.acquire(by_stripe[stripe][:1], wait=False)
+            if got is None:
+                busy.update(by_stripe[stripe])
+            else:
+                fds += got
+        return fds, busy
+
     def _safe(self) -> bool:
         if self._ready != os.getpid():
             if make_dir(self.directory) is not None:

@@ -182,6 +182,7 @@ class TieredCache:
         ram: bool = True,
         passing: Collection[str] = (),
         into: Callable[[int], memoryview | None] | None = None,
+        wait: bool = True,
     ) -> list[bytes | memoryview | None]:
         """Like :meth:`get` for many keys; the misses are fetched in one call.
 
@@ -189,6 +190,8 @@ class TieredCache:
         passed on and never cached.  Keys in ``passing`` are fetched with the others
         but neither locked nor kept (ranges of a shard another process is putting in
         the tiers whole).  ``into``: memory for the tiers' hits (:meth:`Tier.get_many`).
+        ``wait=False``: a key whose node lock another holder has now is fetched as if
+        in ``passing`` instead of waiting for that lock.
         """
         values = self.lookup_many(keys, ram=ram, into=into)
         missing = [i for i, v in enumerate(values) if v is None]
@@ -200,6 +203,16 @@ class TieredCache:
             # locks are striped, so a batch's hundreds of keys would wait for other
             # processes' unrelated fetches (4 ranks: a quarter of epoch 0's time).
             return self._fetch_into(keys, values, missing, fetch_many, ram, passing)
+        if not wait:
+            fds, busy = self.fill_locks.acquire_free(locked)
+            try:
+                for i in missing:  # filled by another process since looked up
+                    if keys[i] not in passing and keys[i] not in busy:
+                        values[i] = self.lookup(keys[i], ram=ram, again=True)
+                missing = [i for i in missing if values[i] is None]
+                return self._fetch_into(keys, values, missing, fetch_many, ram, {*passing, *busy})
+            finally:
+                self.fill_locks.release(fds)
         with self.fill_locks.hold(locked):
             # Another process may have filled them while this one waited.
             for i in missing:

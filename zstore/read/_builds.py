@@ -25,7 +25,10 @@ A build runs on a core the reading process leaves idle, or (all cores busy) cost
 it cost before.  A process's builds wait for its first read to be served (``held``): the
 first batch of a fresh job is read with no fill beside it (one rank on a cold NFS-like
 origin: 1.22x of no tiers' time to the first batch with the fills started at once,
-1.05x held; docs/benchmarks-notes.md).  The queue is bounded in shards and in bytes
+1.05x held; docs/benchmarks-notes.md), and for the node's other first reads, for
+HOLD_AT_MOST seconds at most, on a timer: held work keeps the node's locks for its
+shards, and a process that stops reading (a rank in an allreduce) must not keep them
+from the reads that wait for them.  The queue is bounded in shards and in bytes
 handed over; past that a shard is read from its chunks and asked for again on its next
 read, so the fill never waits in front of a read.
 """
@@ -134,6 +137,8 @@ class FirstReadHold:
         self.builds, self.marks = builds, marks
         self.holding = True
         self._served: float | None = None  # when this process's first read was served
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
         _release_at_exit(self)
 
     def begin(self) -> None:
@@ -143,19 +148,32 @@ class FirstReadHold:
 
     def served(self) -> None:
         """A read was served (or failed): release the builds when no other process on
-        the node is still on its first read."""
+        the node is still on its first read, and HOLD_AT_MOST seconds after the first
+        one at the latest, whether or not this process reads again (a rank waiting in
+        an allreduce for the others reads nothing, and its held fills keep the node's
+        locks for their shards)."""
         if not self.holding:
             return
         if self._served is None:
             self.marks.end()
             self._served = time.monotonic()
+            with self._lock:
+                if self.holding:
+                    self._timer = threading.Timer(HOLD_AT_MOST, self.release)
+                    self._timer.daemon = True
+                    self._timer.start()
         if time.monotonic() - self._served >= HOLD_AT_MOST or not self.marks.others():
             self.release()
 
     def release(self) -> None:
-        """Start the builds now (``settle()``, ``zstore cache warm``, or all served)."""
-        self.holding = False
-        self.marks.end()
+        """Start the builds now (``settle()``, ``zstore cache warm``, all served, or
+        HOLD_AT_MOST passed)."""
+        with self._lock:
+            self.holding = False
+            timer, self._timer = self._timer, None
+            self.marks.end()
+        if timer is not None and timer is not threading.current_thread():
+            timer.cancel()
         for builds in self.builds:
             builds.release()
 

@@ -71,10 +71,14 @@ class ChunkSource:
                 self._indexes.popitem(last=False)
 
     def index(
-        self, shards: list[tuple[ArrayLayout, int]], *, ranges: Collection[str] = ()
+        self,
+        shards: list[tuple[ArrayLayout, int]],
+        *,
+        ranges: Collection[str] = (),
+        wait: bool = True,
     ) -> dict[str, np.ndarray]:
-        """Shard indexes of the given (layout, shard) pairs, fetched together (``ranges``:
-        see :meth:`fetch_many`)."""
+        """Shard indexes of the given (layout, shard) pairs, fetched together (``ranges``
+        and ``wait``: see :meth:`fetch_many`)."""
         found: dict[str, np.ndarray] = {}
         todo: dict[str, ArrayLayout] = {}
         for layout, shard in shards:
@@ -98,7 +102,9 @@ class ChunkSource:
             # touch, which 4 ranks took in turn (their first batch came 13-23 ms sooner
             # without it; docs/benchmarks-notes.md).
             ram = not self.origin.local_disk
-            values = self.fetch_many(keys, requests, ram=ram, layouts=todo, ranges=ranges)
+            values = self.fetch_many(
+                keys, requests, ram=ram, layouts=todo, ranges=ranges, wait=wait
+            )
             for (obj, layout), data in zip(todo.items(), values):
                 if data is None and self.complete:
                     raise self._missing(obj, "shard")
@@ -246,6 +252,7 @@ class ChunkSource:
         layouts: dict[str, ArrayLayout],
         ranges: Collection[str] = (),
         reused: bool = False,
+        wait: bool = True,
     ) -> list[bytes | memoryview | None]:
         """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
 
@@ -253,7 +260,8 @@ class ChunkSource:
         ``fetch="shard"`` a miss reads its object whole, unless the object is in
         ``ranges`` (another process is fetching it whole now).  ``reused``: the tiers'
         hits are read into the origin's reused memory (chunks, which are dropped once
-        decoded or built; never shard indexes, which are kept).
+        decoded or built; never shard indexes, which are kept).  ``wait=False``: keys
+        whose node lock is held now are fetched without it, and not kept in the tiers.
         """
         by_key = dict(zip(keys, requests))
 
@@ -266,7 +274,7 @@ class ChunkSource:
         # neither kept (each its own SSD value, beside the whole object) nor locked.
         passing = {k for k, r in by_key.items() if r[0] in ranges} if ranges else ()
         into = self.origin.buffer if reused else None
-        return self.tiers.get_many(keys, fetch, ram=ram, passing=passing, into=into)
+        return self.tiers.get_many(keys, fetch, ram=ram, passing=passing, into=into, wait=wait)
 
     def _from_origin(
         self,

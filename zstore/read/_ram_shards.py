@@ -166,16 +166,14 @@ class ShardForm(abc.ABC):
         pieces: Pieces = {}
         missing: dict[str, tuple[ArrayLayout, int, Span]] = {}
         direct: Plan = []
-        decided: dict[str, Mapped | str] = {}
+        decided = self._decide(plan)
         for name, layout, span in plan:
             if not self.handles(layout):
                 direct.append((name, layout, span))
                 continue
             for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
                 key = self.key(layout, s)
-                where = decided.get(key)
-                if where is None:
-                    where = decided[key] = self._where(layout, s, key)
+                where = decided[key]
                 if isinstance(where, Mapped):
                     found = self.read(layout, s, where, span)
                     if found is not None:
@@ -192,21 +190,44 @@ class ShardForm(abc.ABC):
                     continue
                 # the part of the window in this shard, from its chunks
                 direct.append((name, layout, in_shard(layout, s, span)))
-        if missing:
-            pieces.update(self._build(list(missing.values())))
-        if direct:  # encoded chunks stay out of the RAM tier: it holds shards
-            chunks = chunk_pieces(self.source, direct, ram=False)
-            self.chunk_bytes += sum(arr.nbytes for _, arr in chunks.values())
-            pieces.update(chunks)
+        if missing and self.inline:  # ``zstore cache warm``: built here
+            pieces.update(self._build_inline(list(missing.values())))
+            missing.clear()
+        if missing or direct:
+            pieces.update(self._build(list(missing.values()), direct))
         return pieces
 
-    def _where(self, layout: ArrayLayout, s: int, key: str) -> Mapped | str:
-        """Where a call reads shard ``s`` from: this process's map of it, ``"build"``
-        (into the tier, under the node's lock: see :meth:`_build`), or ``"chunks"``
-        (a shard that displaces resident ones, its build queued behind the reads)."""
-        got = self._mapped(layout, s, key)
-        if got is not None:
-            return got
+    def _decide(self, plan: Plan) -> dict[str, Mapped | str]:
+        """Where a call reads each shard of ``plan`` from, by key: this process's map of
+        it, ``"build"`` (into the tier, under the node's lock: see :meth:`_build`), or
+        ``"chunks"`` (a shard that displaces resident ones, its build queued behind the
+        reads).  What admission needs of the shards not mapped (the encoded form: their
+        indexes) is fetched for all of them at once (:meth:`prepare`)."""
+        decided: dict[str, Mapped | str] = {}
+        unmapped: dict[str, tuple[ArrayLayout, int]] = {}
+        for _, layout, span in plan:
+            if not self.handles(layout):
+                continue
+            for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
+                key = self.key(layout, s)
+                if key not in decided and key not in unmapped:
+                    got = self._mapped(layout, s, key)
+                    if got is None:
+                        unmapped[key] = (layout, s)
+                    else:
+                        decided[key] = got
+        if unmapped:
+            self.prepare(list(unmapped.values()))
+        for key, (layout, s) in unmapped.items():
+            decided[key] = self._where(layout, s, key)
+        return decided
+
+    def prepare(self, shards: list[tuple[ArrayLayout, int]]) -> None:  # noqa: B027
+        """Fetch together what :meth:`nbytes` needs of ``shards`` (nothing by default)."""
+
+    def _where(self, layout: ArrayLayout, s: int, key: str) -> str:
+        """Where a call reads shard ``s``, which this process has not mapped, from:
+        ``"build"`` or ``"chunks"`` (see :meth:`_decide`)."""
         how = (
             None
             if key in self.behind
@@ -218,19 +239,19 @@ class ShardForm(abc.ABC):
             self.behind.submit(key, partial(self._build_behind, layout, s, key))
         return "chunks"
 
-    def _build(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
-        """Build missing shards into the RAM tier, once for the node (under its lock).
+    def _build(self, missing: list[tuple[ArrayLayout, int, Span]], direct: Plan) -> Pieces:
+        """Build missing shards into the RAM tier, once for the node (under its lock),
+        behind the reads (see :mod:`zstore.read._builds`); the pieces of their spans and
+        of ``direct`` (spans read from their chunks: encoded chunks stay out of the RAM
+        tier, it holds shards).
 
-        Behind the reads (the default; see :mod:`zstore.read._builds`): the windows are
-        served from their own chunks, fetched now, and the rest of each build (the
-        shard's other chunks, decoding, writing the tier) goes to the thread behind the
-        reads with the node's lock, released there once the shard is in: the origin is
-        read once per chunk for the node.  A shard whose lock another process (or this
-        one's builder) holds, or that finds the queue full, is read from its chunks and
-        asked for again on its next read.  ``inline`` (``zstore cache warm``): built
-        here, waiting for the node's lock."""
-        if self.inline:
-            return self._build_inline(missing)
+        The windows are served from their own chunks, fetched now, and the rest of each
+        build (the shard's other chunks, decoding, writing the tier) goes to the thread
+        behind the reads with the node's lock, released there once the shard is in: the
+        origin is read once per chunk for the node.  A shard whose lock another process
+        (or this one's builder) holds, or that finds the queue full, is read from its
+        chunks and asked for again on its next read.  All of these chunks are fetched
+        in one round (``zstore cache warm`` builds inline instead: _build_inline)."""
         pieces: Pieces = {}
         around: Plan = []
         todo: list[tuple[ArrayLayout, int, Span, str]] = []
@@ -255,14 +276,26 @@ class ShardForm(abc.ABC):
                     continue
                 todo.append((layout, s, span, key))
                 locks[key] = held
-            if around:
-                pieces.update(chunk_pieces(self.source, around, ram=False))
+            chunks = [
+                (layout, k)
+                for _, layout, span in [*direct, *around]
+                for k in layout.chunks_for(span.start, span.stop)
+            ]
+            window = [  # each span is the windows' part in its shard (see pieces)
+                (layout, k)
+                for layout, _, span, _ in todo
+                for k in layout.chunks_for(span.start, span.stop)
+            ]
+            raw = self.source.raw(chunks + window, ram=False) if chunks or window else []
+            self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in chunks + window)
+            pieces.update(lazy_pieces(self.source, chunks, raw[: len(chunks)]))
             if todo:
-                pieces.update(self._hand_off(todo, locks))
+                pieces.update(self._hand_off(todo, locks, window, raw[len(chunks) :]))
         finally:
             for held in locks.values():  # what no build took over
                 decode_locks.release(held)
-        self.values.drop_evicted()
+        if missing:
+            self.values.drop_evicted()
         return pieces
 
     def _build_inline(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
@@ -297,19 +330,16 @@ class ShardForm(abc.ABC):
         return found
 
     def _hand_off(
-        self, todo: list[tuple[ArrayLayout, int, Span, str]], locks: dict[str, list[int]]
+        self,
+        todo: list[tuple[ArrayLayout, int, Span, str]],
+        locks: dict[str, list[int]],
+        window: list[tuple[ArrayLayout, int]],
+        raw: list[tuple[Any, Any]],
     ) -> Pieces:
-        """The windows' pieces from their own chunks, fetched now; each shard's build
-        queued behind the reads with those chunks' bytes and its node lock from
-        ``locks`` (taken out of it: the build releases them).  When the queue filled up
-        meanwhile, nothing is queued and the locks stay in ``locks``."""
-        window = [  # each span is the windows' part in its shard (see pieces)
-            (layout, k)
-            for layout, _, span, _ in todo
-            for k in layout.chunks_for(span.start, span.stop)
-        ]
-        raw = self.source.raw(window, ram=False)
-        self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in window)
+        """The windows' pieces from their own chunks ``window``, fetched as ``raw``;
+        each shard's build queued behind the reads with those chunks' bytes and its node
+        lock from ``locks`` (taken out of it: the build releases them).  When the queue
+        filled up meanwhile, nothing is queued and the locks stay in ``locks``."""
         pieces = lazy_pieces(self.source, window, raw)
         held = {key: locks[key] for *_, key in todo}
         have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
@@ -502,6 +532,14 @@ class EncodedShards(ShardForm):
             return None
         # a list: read once per process, then indexed per chunk at Python speed
         return np.frombuffer(checked.payload[size - 16 * n :], dtype="<u8").reshape(n, 2).tolist()
+
+    def prepare(self, shards: list[tuple[ArrayLayout, int]]) -> None:
+        """The shards' indexes in one origin round: fetched one per shard by
+        :meth:`nbytes`, a batch's first touches made a round per shard.  An index whose
+        node lock is held now is fetched without it (and not kept): the read does not
+        wait for a lock another process's held work may keep (a 4-rank job on an
+        S3-like origin hung on one)."""
+        self.source.index([(layout, s) for layout, s in shards if layout.sharded], wait=False)
 
     def nbytes(self, layout: ArrayLayout, s: int) -> int:
         index = self.source.index([(layout, s)])[layout.object_key(s)]

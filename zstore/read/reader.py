@@ -164,7 +164,8 @@ class WindowReader:
         )
         self.fetch = self._fetch_mode(resolved)
         #: this process's work behind the reads: RAM fills, and whole-shard SSD writes;
-        #: both held until its first read is served (see ``start_builds``)
+        #: both held until its first read is served (see ``start_builds``), and
+        #: HOLD_AT_MOST seconds after it at the latest
         self.behind = BehindBuilds(on_idle=drop_reused_scratch, held=True)
         self.writes = BehindBuilds("zstore-ssd-write", max_bytes=MAX_WRITE_BYTES, held=True)
         starting = self.tiers.node_dir("starting") if self.tiers is not None else None

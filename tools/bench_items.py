@@ -60,7 +60,7 @@ def settle() -> None:
     reader trims the heap after reads, which would otherwise count as negative memory)."""
     import gc
 
-    from zstore.read._ram_shards import release_free_memory
+    from zstore.read._shard_pieces import release_free_memory
 
     gc.collect()
     release_free_memory()

@@ -13,11 +13,7 @@ and decoded (:func:`chunk_pieces`).
 from __future__ import annotations
 
 import abc
-import contextlib
-import ctypes
-import mmap
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -27,98 +23,26 @@ from zstore.cache import Checked, TieredCache
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, Span, decode_chunk, strip_crc
 from zstore.origin import describe
-from zstore.read._builds import FORK_GATE, BehindBuilds
+from zstore.read._builds import BehindBuilds
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import Mapped, MappedValues
-
-SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
-#: Decoded chunk bytes after which the reader trims the heap (then counts again).
-#: Trimming after every window read as chunks made the next window page-fault its
-#: temporaries back in, which doubled the time to read and decode a chunk and made a
-#: RAM tier holding a third of the data slower than none; never trimming let each
-#: reader's private memory grow ~20-30 MB per pass over its windows (glibc keeps freed
-#: heap), and every 64 MB still ~10 MB.  Every ~3 windows (16 MB) keeps it flat with 4
-#: ranks, and costs a fraction of a refault per window (docs/benchmarks-notes.md).
-TRIM_AFTER = 16 * 2**20
-Plan = list[tuple[str, ArrayLayout, Span]]
-
-
-class Lazy:
-    """A chunk still encoded, decoded when a window is copied out of it: one chunk at a
-    time, so it is copied while it is still in the CPU's cache, and a read holds one
-    decoded chunk instead of a window's (measured: decoding a window's chunks first and
-    copying them after cost ~0.3 ms a window more than decode-and-copy per chunk)."""
-
-    __slots__ = ("shape", "nbytes", "_decode")
-
-    def __init__(self, layout: ArrayLayout, decode: Callable[..., np.ndarray]):
-        self.shape = layout.chunk_shape
-        self.nbytes = layout.chunk_nbytes
-        self._decode = decode
-
-    def decoded(self) -> np.ndarray:
-        """The chunk, decoded into this thread's scratch buffer: valid until the
-        thread decodes its next chunk, so copy it out at once."""
-        buf = getattr(_SCRATCH, "buf", None)
-        if buf is None or len(buf) < self.nbytes:
-            buf = _SCRATCH.buf = np.empty(self.nbytes, dtype=np.uint8)
-        return self._decode(out=buf)
-
-
-_SCRATCH = threading.local()  # one chunk's decode buffer per thread
-
-
-#: (path, n) -> (time offset, array or chunk to decode)
-Pieces = dict[tuple[str, int], tuple[int, "np.ndarray | Lazy"]]
-
-
-def chunk_pieces(source: ChunkSource, plan: Plan, *, ram: bool) -> Pieces:
-    """The window's chunks, to decode as they are copied (keys ``(path, -1 - k)``,
-    apart from shards')."""
-    need = [
-        (layout, k) for _, layout, span in plan for k in layout.chunks_for(span.start, span.stop)
-    ]
-    return lazy_pieces(source, need, source.raw(need, ram=ram))
-
-
-def lazy_pieces(
-    source: ChunkSource, need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]
-) -> Pieces:
-    """The pieces of chunks ``need`` from their bytes ``raw`` (``source.raw(need)``),
-    each decoded as it is copied."""
-    return {
-        (layout.path, -1 - k): (
-            k * layout.chunk,
-            Lazy(layout, partial(source.decode, layout, request, data)),
-        )
-        for (layout, k), (request, data) in zip(need, raw)
-    }
-
-
-def scratch_chunks(
-    source: ChunkSource, need: list[tuple[ArrayLayout, int]], raw: list[tuple[Any, Any]]
-) -> Iterator[np.ndarray]:
-    """The chunks of ``raw`` (``source.raw(need)``) decoded one at a time into this
-    thread's scratch buffer (each valid until the next: copy it into the shard at once),
-    their bytes dropped from ``raw`` as they go.  Building a shard then allocates nothing
-    per chunk: a build behind the reads runs in its own thread, whose malloc arena kept
-    the decoded chunks' memory (measured: 4 ranks grew ~5 MB each over a second pass)."""
-    for i, (layout, _) in enumerate(need):
-        request, data = raw[i]
-        raw[i] = (None, None)
-        yield Lazy(layout, partial(source.decode, layout, request, data)).decoded()
-        del data
-
+from zstore.read._shard_fills import ShardFills
+from zstore.read._shard_pieces import (
+    Lazy,
+    Pieces,
+    Plan,
+    chunk_pieces,
+    copy_time,
+    in_shard,
+    scratch,
+    scratch_chunks,
+    shard_shape,
+)
 
 MAX_KEYS = 1 << 16  # shard keys a form remembers (a dict of short strings)
 
 
-def in_shard(layout: ArrayLayout, s: int, span: Span) -> Span:
-    """The part of ``span`` that lies in shard ``s``."""
-    return Span(max(span.start, s * layout.shard), min(span.stop, (s + 1) * layout.shard))
-
-
-class ShardForm(abc.ABC):
+class ShardForm(ShardFills, abc.ABC):
     """What the two forms share: lookups through the maps, admission, building."""
 
     suffix = ""
@@ -239,178 +163,6 @@ class ShardForm(abc.ABC):
             self.behind.submit(key, partial(self._build_behind, layout, s, key))
         return "chunks"
 
-    def _build(self, missing: list[tuple[ArrayLayout, int, Span]], direct: Plan) -> Pieces:
-        """Build missing shards into the RAM tier, once for the node (under its lock),
-        behind the reads (see :mod:`zstore.read._builds`); the pieces of their spans and
-        of ``direct`` (spans read from their chunks: encoded chunks stay out of the RAM
-        tier, it holds shards).
-
-        The windows are served from their own chunks, fetched now, and the rest of each
-        build (the shard's other chunks, decoding, writing the tier) goes to the thread
-        behind the reads with the node's lock, released there once the shard is in: the
-        origin is read once per chunk for the node.  A shard whose lock another process
-        (or this one's builder) holds, or that finds the queue full, is read from its
-        chunks and asked for again on its next read.  All of these chunks are fetched
-        in one round (``zstore cache warm`` builds inline instead: _build_inline)."""
-        pieces: Pieces = {}
-        around: Plan = []
-        todo: list[tuple[ArrayLayout, int, Span, str]] = []
-        locks: dict[str, list[int]] = {}
-        decode_locks = self.tiers.decode_locks
-        assert decode_locks is not None  # a RAM tier has them
-        try:
-            for layout, s, span in missing:
-                key = self.key(layout, s)
-                held = (
-                    decode_locks.acquire([key], wait=False)
-                    if self.behind.has_room(len(todo) + 1)
-                    else None
-                )
-                if held is None:
-                    around.append(("", layout, span))
-                    continue
-                found = self._built_meanwhile(layout, s, span, key)
-                if found is not None:
-                    decode_locks.release(held)
-                    pieces.update(found)
-                    continue
-                todo.append((layout, s, span, key))
-                locks[key] = held
-            chunks = [
-                (layout, k)
-                for _, layout, span in [*direct, *around]
-                for k in layout.chunks_for(span.start, span.stop)
-            ]
-            window = [  # each span is the windows' part in its shard (see pieces)
-                (layout, k)
-                for layout, _, span, _ in todo
-                for k in layout.chunks_for(span.start, span.stop)
-            ]
-            raw = self.source.raw(chunks + window, ram=False) if chunks or window else []
-            self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in chunks + window)
-            pieces.update(lazy_pieces(self.source, chunks, raw[: len(chunks)]))
-            if todo:
-                pieces.update(self._hand_off(todo, locks, window, raw[len(chunks) :]))
-        finally:
-            for held in locks.values():  # what no build took over
-                decode_locks.release(held)
-        if missing:
-            self.values.drop_evicted()
-        return pieces
-
-    def _build_inline(self, missing: list[tuple[ArrayLayout, int, Span]]) -> Pieces:
-        """Build missing shards here, under the node's locks (other processes wait)."""
-        keys = [self.key(layout, s) for layout, s, _ in missing]
-        pieces: Pieces = {}
-        with self.tiers.decode_locks.hold(keys):  # type: ignore[union-attr]
-            todo = []
-            for (layout, s, span), key in zip(missing, keys):
-                found = self._built_meanwhile(layout, s, span, key)
-                if found is None:
-                    todo.append((layout, s, span, key))
-                else:
-                    pieces.update(found)
-            if todo:
-                pieces.update(self.make(todo))
-        release_free_memory()
-        self.values.drop_evicted()  # including what this build evicted
-        return pieces
-
-    def _built_meanwhile(self, layout: ArrayLayout, s: int, span: Span, key: str) -> Pieces | None:
-        """The pieces of ``span`` when another process built shard ``s`` since it was
-        looked up (rare, so it is checked whole); None when it still has to be built."""
-        got = self._mapped(layout, s, key, again=True)
-        found = (
-            self.read(layout, s, got, span)
-            if got is not None and got.checked.verify(0, len(got.checked.payload))
-            else None
-        )
-        if found is None and got is not None:
-            self.values.discard(key)
-        return found
-
-    def _hand_off(
-        self,
-        todo: list[tuple[ArrayLayout, int, Span, str]],
-        locks: dict[str, list[int]],
-        window: list[tuple[ArrayLayout, int]],
-        raw: list[tuple[Any, Any]],
-    ) -> Pieces:
-        """The windows' pieces from their own chunks ``window``, fetched as ``raw``;
-        each shard's build queued behind the reads with those chunks' bytes and its node
-        lock from ``locks`` (taken out of it: the build releases them).  When the queue
-        filled up meanwhile, nothing is queued and the locks stay in ``locks``."""
-        pieces = lazy_pieces(self.source, window, raw)
-        held = {key: locks[key] for *_, key in todo}
-        have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
-        # the shards' indexes the reader fetched: the fill does not fetch them again
-        indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
-        build = partial(self._finish_builds, todo, have, held, indexes)
-        nbytes = sum(len(data) for _, data in raw if data is not None)
-        if self.behind.submit([key for *_, key in todo], build, nbytes):
-            for key in held:
-                del locks[key]
-        return pieces
-
-    def _finish_builds(
-        self,
-        todo: list[tuple[ArrayLayout, int, Span, str]],
-        have: dict[tuple[str, int], tuple[Any, Any]],
-        locks: dict[str, list[int]],
-        indexes: dict[str, np.ndarray],
-        done: Callable[[str], None],
-    ) -> None:
-        """In the thread behind the reads: shard by shard, fetch its other chunks, build
-        it into the tier, release the node's lock its reader took, mark it ``done``."""
-        decode_locks = self.tiers.decode_locks
-        assert decode_locks is not None
-        _REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
-        self.builder_source.remember_indexes(indexes)
-        try:
-            for layout, s, _, key in todo:
-                need = self._shard_chunks(layout, s)
-                rest = [(la, k) for la, k in need if (la.path, k) not in have]
-                with FORK_GATE.held():  # its fetch (tier lookups) and fill (SQLite, blosc)
-                    if rest:
-                        have.update(
-                            ((la.path, k), r)
-                            for (la, k), r in zip(rest, self.builder_source.raw(rest, ram=False))
-                        )
-                    raw = [have.pop((la.path, k)) for la, k in need]
-                    self.fill([(layout, s, Span(0, 0), key)], need, raw)
-                del raw
-                decode_locks.release(locks.pop(key))
-                done(key)
-        finally:
-            for held in locks.values():  # a build that failed: its shards stay out
-                decode_locks.release(held)
-            have.clear()
-        with self.values.lock:
-            self.values.drop_evicted()
-        release_free_memory()
-
-    def _build_behind(
-        self, layout: ArrayLayout, s: int, key: str, done: Callable[[str], None]
-    ) -> None:
-        """Build one shard in the background thread.  The maps and the chunk source are
-        used under the readers' lock; decoding and writing the shard happen outside it,
-        under the node's build lock (never the readers' lock inside that one: a reader
-        takes them in the other order)."""
-        need = self._shard_chunks(layout, s)
-        _REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
-        with FORK_GATE.held():  # its lookups and fetch (SQLite) and fill (blosc, SQLite)
-            with self.values.lock:
-                if self._mapped(layout, s, key, again=True) is not None:
-                    return
-            raw = self.builder_source.raw(need, ram=False)
-            with self.tiers.decode_locks.hold([key]):  # type: ignore[union-attr]
-                if self.ram.get_mapped(key, count_miss=False) is None:  # not built elsewhere
-                    self.fill([(layout, s, Span(0, 0), key)], need, raw)
-            del raw
-        with self.values.lock:
-            self.values.drop_evicted()
-        release_free_memory()
-
     def _mapped(
         self, layout: ArrayLayout, s: int, key: str, *, again: bool = False
     ) -> Mapped | None:
@@ -420,15 +172,6 @@ class ShardForm(abc.ABC):
     def view_of(self, layout: ArrayLayout, s: int) -> Callable[[Checked], Any]:
         """What maps a value of shard ``s`` (:meth:`view`, for MappedValues)."""
         return lambda checked: self.view(layout, s, checked)
-
-    def make(self, todo: list[tuple[ArrayLayout, int, Span, str]]) -> Pieces:
-        """Build the shards of ``todo`` into the RAM tier; the pieces of their spans."""
-        need = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
-        return self.fill(todo, need, self.source.raw(need, ram=False))
-
-    def _shard_chunks(self, layout: ArrayLayout, s: int) -> list[tuple[ArrayLayout, int]]:
-        last = min((s + 1) * layout.chunks_per_shard, -(-layout.length // layout.chunk))
-        return [(layout, k) for k in range(s * layout.chunks_per_shard, last)]
 
     # what a form defines
     def handles(self, layout: ArrayLayout) -> bool:
@@ -506,9 +249,9 @@ class DecodedShards(ShardForm):
         chunks = scratch_chunks(self.source, need, raw)
         pieces: Pieces = {}
         for layout, s, _, key in todo:
-            shard = _scratch(shard_shape(layout, s), layout.dtype)
+            shard = scratch(shard_shape(layout, s), layout.dtype)
             for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
-                _copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
+                copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
             self.ram.put(key, shard, blocked=True)
             pieces[(layout.path, s)] = (s * layout.shard, shard)
         del chunks  # the fetched bytes go with it, before the heap is trimmed
@@ -630,89 +373,3 @@ class EncodedShards(ShardForm):
             fresh = self.source.origin.read(*request)
             strip_crc(memoryview(fresh), where)
             return fresh
-
-
-def shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:
-    shape = list(layout.shape)
-    shape[layout.time_axis] = min(layout.shard, layout.length - s * layout.shard)
-    return tuple(shape)
-
-
-def _copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> None:
-    """Copy ``src`` into ``dst`` at ``offset`` along ``axis``, clipped to ``dst``."""
-    n = min(src.shape[axis], dst.shape[axis] - offset)
-    d = [slice(None)] * dst.ndim
-    s = [slice(None)] * dst.ndim
-    d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
-    dst[tuple(d)] = src[tuple(s)]
-
-
-def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An array for a decoded shard; a large one gets its own anonymous mapping, returned
-    to the OS as soon as the array is freed.
-
-    A decoded shard (tens of MB) lives only until it is in the RAM tier and the window
-    is copied out.  Taken from malloc, freeing it would raise glibc's dynamic mmap
-    threshold to its size; from then on shard-sized temporaries would come from the
-    heap, which keeps freed pages, and each process would hold tens of MB that the
-    shared tier exists to save (measured, see docs/benchmarks.md).
-    """
-    count = int(np.prod(shape))
-    nbytes = count * dtype.itemsize
-    if nbytes < SCRATCH_MMAP:
-        return np.empty(shape, dtype=dtype)
-    if _REUSE.on:  # the builder thread: one mapping, kept while builds are queued
-        if _REUSE.buf is None or len(_REUSE.buf) < nbytes:
-            _REUSE.buf = None
-            _REUSE.buf = mmap.mmap(-1, nbytes)
-        buf = _REUSE.buf
-    else:
-        buf = mmap.mmap(-1, nbytes)
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-
-class _Reused(threading.local):
-    """The builder thread's scratch for decoded shards.  A fresh mapping per build
-    page-faulted its whole size in (measured: 0.38 s of a first epoch's 1.47 s went to
-    copying chunks into fresh scratch); one kept while builds are queued faults once,
-    and is unmapped when the queue drains (``drop_reused_scratch``)."""
-
-    on = False
-    buf: mmap.mmap | None = None
-
-
-_REUSE = _Reused()
-
-
-def drop_reused_scratch() -> None:
-    _REUSE.buf = None
-
-
-@contextlib.contextmanager
-def reused_scratch() -> Iterator[None]:
-    """This thread's shard builds share one scratch mapping, as the builder thread's
-    do: for a caller that drops the pieces a build returns (``zstore cache warm``),
-    since the next build overwrites them.  A fresh mapping per shard page-faulted its
-    whole size in: copying chunks into it took 0.30 s of a 1.44 s single-thread warm of
-    480 MB (docs/benchmarks-notes.md)."""
-    was, _REUSE.on = _REUSE.on, True
-    try:
-        yield
-    finally:
-        _REUSE.on = was
-
-
-def release_free_memory() -> None:
-    """Hand freed heap back to the OS (glibc keeps it after large temporaries such as the
-    decoded shards, and per-process memory is what the shared RAM tier exists to save)."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None

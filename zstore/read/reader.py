@@ -54,13 +54,11 @@ from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds, FirstReadHold
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
 from zstore.read._packed_batch import packed_batch, packed_read
-from zstore.read._ram_shards import (
+from zstore.read._ram_shards import DecodedShards, EncodedShards, ShardForm
+from zstore.read._shard_pieces import (
     TRIM_AFTER,
-    DecodedShards,
-    EncodedShards,
     Lazy,
     Pieces,
-    ShardForm,
     chunk_pieces,
     drop_reused_scratch,
     release_free_memory,

@@ -45,10 +45,13 @@ class StripedLocks:
         self.stripes = stripes
         self._ready = -1  # the pid that found the directory safe (checked once per process)
 
+    def _stripe(self, key: str) -> int:
+        return crc32c(key.encode()) % self.stripes
+
     def _stripes(self, keys: Iterable[str]) -> list[int]:
         # Sorted and unique: a fixed order prevents deadlock, and flock on two
         # descriptors of one file in one process would block on itself.
-        return sorted({crc32c(k.encode()) % self.stripes for k in keys})
+        return sorted({self._stripe(k) for k in keys})
 
     @contextlib.contextmanager
     def hold(self, keys: Iterable[str]) -> Iterator[None]:
@@ -93,7 +96,7 @@ class StripedLocks:
         the descriptors to :meth:`release`, and the keys whose lock is held."""
         by_stripe: dict[int, list[str]] = {}
         for key in keys:
-            by_stripe.setdefault(crc32c(key.encode()) % self.stripes, []).append(key)
+            by_stripe.setdefault(self._stripe(key), []).append(key)
         fds: list[int] = []
         busy: set[str] = set()
         for stripe in sorted(by_stripe):

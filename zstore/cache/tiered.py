@@ -203,23 +203,21 @@ class TieredCache:
             # locks are striped, so a batch's hundreds of keys would wait for other
             # processes' unrelated fetches (4 ranks: a quarter of epoch 0's time).
             return self._fetch_into(keys, values, missing, fetch_many, ram, passing)
-        if not wait:
+        busy: set[str] = set()
+        if wait:
+            fds = self.fill_locks.acquire(locked) or []  # None only without waiting
+        else:
             fds, busy = self.fill_locks.acquire_free(locked)
-            try:
-                for i in missing:  # filled by another process since looked up
-                    if keys[i] not in passing and keys[i] not in busy:
-                        values[i] = self.lookup(keys[i], ram=ram, again=True)
-                missing = [i for i in missing if values[i] is None]
-                return self._fetch_into(keys, values, missing, fetch_many, ram, {*passing, *busy})
-            finally:
-                self.fill_locks.release(fds)
-        with self.fill_locks.hold(locked):
+        skipped = {*passing, *busy}
+        try:
             # Another process may have filled them while this one waited.
             for i in missing:
-                if keys[i] not in passing:
+                if keys[i] not in skipped:
                     values[i] = self.lookup(keys[i], ram=ram, again=True)
             missing = [i for i in missing if values[i] is None]
-            return self._fetch_into(keys, values, missing, fetch_many, ram, passing)
+            return self._fetch_into(keys, values, missing, fetch_many, ram, skipped)
+        finally:
+            self.fill_locks.release(fds)
 
     def _fetch_into(
         self,

@@ -13,7 +13,7 @@ and decoded (:func:`chunk_pieces`).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -82,6 +82,11 @@ class ShardForm(ShardFills, abc.ABC):
             )
         return key
 
+    def _shards(self, layout: ArrayLayout, span: Span) -> Iterator[tuple[int, str]]:
+        """The shards ``span`` of ``layout`` lies in, with their tier keys."""
+        for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
+            yield s, self.key(layout, s)
+
     def pieces(self, plan: Plan) -> Pieces:
         """Pieces covering every span of ``plan``.  Where each shard is read from (this
         process's map, a build now, or its chunks) is decided once per call: a batch's
@@ -95,8 +100,7 @@ class ShardForm(ShardFills, abc.ABC):
             if not self.handles(layout):
                 direct.append((name, layout, span))
                 continue
-            for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
-                key = self.key(layout, s)
+            for s, key in self._shards(layout, span):
                 where = decided[key]
                 if isinstance(where, Mapped):
                     found = self.read(layout, s, where, span)
@@ -132,8 +136,7 @@ class ShardForm(ShardFills, abc.ABC):
         for _, layout, span in plan:
             if not self.handles(layout):
                 continue
-            for s in range(span.start // layout.shard, (span.stop - 1) // layout.shard + 1):
-                key = self.key(layout, s)
+            for s, key in self._shards(layout, span):
                 if key not in decided and key not in unmapped:
                     got = self._mapped(layout, s, key)
                     if got is None:

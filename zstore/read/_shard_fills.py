@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zstore.cache import Checked, Tier, TieredCache
+from zstore.cache import Tier, TieredCache
 from zstore.format import ArrayLayout, Span
 from zstore.read._builds import FORK_GATE, BehindBuilds
 from zstore.read._chunks import ChunkSource
@@ -24,7 +24,6 @@ class ShardFills:
     is declared here)."""
 
     if TYPE_CHECKING:
-        inline: bool
         tiers: TieredCache
         source: ChunkSource
         builder_source: ChunkSource
@@ -40,8 +39,6 @@ class ShardFills:
         ) -> Mapped | None: ...
 
         def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None: ...
-
-        def view_of(self, layout: ArrayLayout, s: int) -> Callable[[Checked], Any]: ...
 
         def fill(
             self,
@@ -97,8 +94,9 @@ class ShardFills:
                 for layout, _, span, _ in todo
                 for k in layout.chunks_for(span.start, span.stop)
             ]
-            raw = self.source.raw(chunks + window, ram=False) if chunks or window else []
-            self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in chunks + window)
+            need = chunks + window
+            raw = self.source.raw(need, ram=False) if need else []
+            self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in need)
             pieces.update(lazy_pieces(self.source, chunks, raw[: len(chunks)]))
             if todo:
                 pieces.update(self._hand_off(todo, locks, window, raw[len(chunks) :]))

@@ -467,3 +467,83 @@ def test_each_thread_sees_the_value_file_it_wrote(tmp_path):
     thread.join(60)
     assert seen and seen[0] and seen[0] != theirs
     assert disk.last_path == theirs
+
+
+def resident_pages(path) -> int:
+    """Pages of the file at ``path`` in the page cache now (``mincore``)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    pages = -(-size // mmap.PAGESIZE)
+    vec = ctypes.create_string_buffer(pages)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        anchor = ctypes.c_char.from_buffer(mm)
+        try:
+            assert libc.mincore(ctypes.addressof(anchor), size, vec) == 0, ctypes.get_errno()
+        finally:
+            del anchor
+    finally:
+        mm.close()
+    return sum(b & 1 for b in vec.raw)
+
+
+def value_files(directory) -> list[tuple[int, str]]:
+    """(size, path) of the tier's value files."""
+    return [
+        (os.path.getsize(os.path.join(d, f)), os.path.join(d, f))
+        for d, _, files in os.walk(directory)
+        for f in files
+        if f.endswith(".val")
+    ]
+
+
+def test_large_ssd_values_are_written_around_the_page_cache(tmp_path):
+    """The SSD tier writes values of DIRECT_MIN bytes and more with O_DIRECT: nothing of
+    them is in the page cache until they are read (a buffered write put every page
+    there, fresh memory the first epoch paid for), and they read back whole, whatever
+    their length's alignment; small values are written the buffered way."""
+    from zstore.cache._direct import DIRECT_MIN
+
+    tier = Tier("ssd", str(tmp_path / "ssd"), 2**26, Stats(None))
+    sizes = [DIRECT_MIN, DIRECT_MIN + 1, 3 * DIRECT_MIN + 4095, 5000]
+    data = {f"v{n}": os.urandom(n) for n in sizes}
+    assert tier.put_many(list(data.items())) == len(data)
+    assert tier.put("blocked", data[f"v{3 * DIRECT_MIN + 4095}"], blocked=True)
+    files = value_files(tmp_path / "ssd")
+    assert len(files) == len(data) + 1
+    small = [path for size, path in files if size < DIRECT_MIN]
+    large = [path for size, path in files if size >= DIRECT_MIN]
+    assert len(small) == 1 and len(large) == 4
+    assert resident_pages(small[0]) == 2  # the helper sees a buffered write's pages
+    assert [resident_pages(path) for path in large] == [0] * 4
+    for key, payload in data.items():
+        assert tier.get(key) == payload
+    checked, _, _ = tier.get_mapped("blocked")
+    assert checked.verify(0, len(checked.payload))
+    assert bytes(checked.payload) == data[f"v{3 * DIRECT_MIN + 4095}"]
+
+
+def test_a_file_system_that_refuses_direct_writes_gets_buffered_ones(tmp_path, monkeypatch):
+    import errno
+
+    import zstore.cache._direct as direct
+
+    real = os.open
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(direct.os, "open", no_direct)
+    tier = Tier("ssd", str(tmp_path / "ssd"), 2**26, Stats(None))
+    payload = os.urandom(2 * direct.DIRECT_MIN + 7)
+    assert tier.put("a", payload)
+    assert tier.put("b", payload[::-1])
+    assert tier.get("a") == payload and tier.get("b") == payload[::-1]
+    assert [resident_pages(path) > 0 for _, path in value_files(tmp_path / "ssd")] == [True] * 2

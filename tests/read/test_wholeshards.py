@@ -28,6 +28,17 @@ def ssd_only(tmp_path, **kw):
     )
 
 
+def ram_and_ssd(tmp_path):
+    """Both tiers, with shards fetched whole."""
+    return zstore.CacheConfig(
+        ram_dir=tmp_path / "ram",
+        ram_bytes="64MB",
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="64MB",
+        fetch="shard",
+    )
+
+
 def tier_keys(directory):
     with sqlite3.connect(directory / "cache.db") as db:
         return [k for (k,) in db.execute("SELECT key FROM Cache")]
@@ -224,13 +235,7 @@ def test_whole_shard_writes_do_not_hold_up_the_ram_fills(small_store, tmp_path, 
 
     # held before it takes the fork gate, as a slow disk would hold it
     started, release = hold(WholeShards, "_write")
-    cfg = zstore.CacheConfig(
-        ram_dir=tmp_path / "ram",
-        ram_bytes="64MB",
-        ssd_dir=tmp_path / "ssd",
-        ssd_bytes="64MB",
-        fetch="shard",
-    )
+    cfg = ram_and_ssd(tmp_path)
     item = "utt000001"
     wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
     reader = WindowReader(small_store, cache=cfg).open()
@@ -331,3 +336,44 @@ def test_an_encoded_first_read_fetches_each_shard_whole_once(small_store, tmp_pa
     np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, 16000:48000])
     np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, 100:300])
     assert reader.settle(timeout=120)
+
+
+def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
+    small_store, tmp_path, hold, monkeypatch
+):
+    """The read that fetches a shard whole hands its other chunks to the RAM fill from
+    memory: a fill that starts after the shard's SSD write finished does not read it
+    back from the SSD tier (written around the page cache, that is a device read)."""
+    from zstore.read._ram_shards import ShardForm
+    from zstore.read._ssd_shards import WholeShards
+
+    fill_started, fill_release = hold(ShardForm, "_finish_builds")
+    written = threading.Event()
+    real_write = WholeShards._write
+
+    def write(self, *args, **kwargs):
+        try:
+            return real_write(self, *args, **kwargs)
+        finally:
+            written.set()
+
+    monkeypatch.setattr(WholeShards, "_write", write)
+    cfg = ram_and_ssd(tmp_path)
+    item = "utt000003"
+    wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
+    fs = ModelledFileSystem()
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    fs.reset_counts()
+    got = reader.read(item, {"wav": Span(0, 16000)})["wav"]
+    assert fill_started.wait(120) and written.wait(120)  # the SSD write first, then the fill
+    assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
+    fill_release.set()
+    assert reader.settle(timeout=120)
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["fills"] >= 1
+    assert stats["ssd"]["hits"] == 0  # the fill did not map the SSD tier's copy
+    assert fs.requests == 1  # nor fetch anything again
+    np.testing.assert_array_equal(got, wav[:, :16000])
+    whole = reader.read(item, {"wav": Span(0, wav.shape[1])})["wav"]  # from the RAM tier
+    np.testing.assert_array_equal(whole, wav[:])
+    assert zstore.cache_stats(cfg)["ssd"]["hits"] == 0

@@ -25,6 +25,7 @@ import diskcache
 import numpy as np
 
 import zstore.cache._upkeep as upkeep
+from zstore.cache._direct import DIRECT_MIN, write_direct
 from zstore.cache._evictions import EvictionLog
 from zstore.cache._location import refusal
 from zstore.cache._space import Refused, Room, rounded
@@ -44,6 +45,9 @@ class _Disk(diskcache.Disk):
     (one shared attribute gave a thread another's path, or None)."""
 
     _made: set[str] | None = None
+    #: Write value files around the page cache (the SSD tier; see
+    #: :mod:`zstore.cache._direct`).
+    direct = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,6 +73,24 @@ class _Disk(diskcache.Disk):
             self._made.add(name[:2])
         self.last_path = os.path.join(self._directory, filename)
         return filename, self.last_path
+
+    def _write(self, full_path: str, iterator: Any, mode: str, encoding: Any = None) -> int:
+        """diskcache's file write; around the page cache where ``direct`` is set and
+        the value is large (:mod:`zstore.cache._direct`)."""
+        if self.direct and mode == "xb":
+            parts = list(iterator)
+            if sum(len(p) for p in parts) >= DIRECT_MIN:
+                try:
+                    written = write_direct(full_path, parts)
+                except FileNotFoundError:  # its directory went: diskcache makes it again
+                    written = None
+                else:
+                    if written is None:  # the file system refuses it: buffered from now on
+                        self.direct = False
+                if written is not None:
+                    return written
+            iterator = iter(parts)
+        return int(super()._write(full_path, iterator, mode, encoding))
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         if isinstance(value, _Written):  # written before the index's transaction
@@ -187,6 +209,8 @@ class Tier:
             self._warn("cannot be opened", e)
             self._cache = None
             return None
+        # the SSD tier's large values go around the page cache (zstore.cache._direct)
+        self._cache.disk.direct = self.name == "ssd"
         for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
             fix_file(os.path.join(self.directory, name))
         if self.record:

@@ -219,6 +219,23 @@ class ChunkSource:
             return None
         return (obj, *span), whole.payload[span[0] : span[1]]
 
+    def in_memory(
+        self, need: list[tuple[ArrayLayout, int]]
+    ) -> dict[tuple[str, int], tuple[Request, bytes | memoryview]]:
+        """The chunks of ``need`` whose shard object is in this process's memory now
+        (fetched whole, its SSD write still queued), by (array path, chunk number)."""
+        if self.whole is None:
+            return {}
+        out = {}
+        for layout, k in need:
+            obj = layout.object_key(k // layout.chunks_per_shard)
+            whole = self.whole.in_memory(obj)
+            if whole is not None:
+                got = self._held_chunk(obj, k % layout.chunks_per_shard, whole)
+                if got is not None:
+                    out[(layout.path, k)] = got
+        return out
+
     def keep_whole(self, layout: ArrayLayout) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
         one at a time; shards it holds already are left alone."""

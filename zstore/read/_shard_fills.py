@@ -152,6 +152,15 @@ class ShardFills:
         pieces = lazy_pieces(self.source, window, raw)
         held = {key: locks[key] for *_, key in todo}
         have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
+        # the shards' other chunks this process holds fetched whole (their SSD write
+        # queued): the fill takes them from memory, not from the SSD tier once written
+        rest = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
+        have.update(
+            (key, r)
+            for key, r in self.source.in_memory(
+                [c for c in rest if (c[0].path, c[1]) not in have]
+            ).items()
+        )
         # the shards' indexes the reader fetched: the fill does not fetch them again
         indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
         build = partial(self._finish_builds, todo, have, held, indexes)

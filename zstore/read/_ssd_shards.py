@@ -109,6 +109,11 @@ class WholeShards:
         self._absent.discard(key)
         return found
 
+    def in_memory(self, obj: str) -> Held | None:
+        """Shard object ``obj`` when this process holds it fetched whole, its SSD write
+        still queued (else None, even when the tier holds it)."""
+        return _WRITING.get(self._slot(self.key(obj)))
+
     def held_many(self, wanted: Wanted, *, again: bool = False) -> dict[str, Held]:
         """:meth:`held` for each shard object of ``wanted``, under the maps' lock (this
         process's unmapping thread edits them): those found."""

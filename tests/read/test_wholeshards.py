@@ -338,12 +338,15 @@ def test_an_encoded_first_read_fetches_each_shard_whole_once(small_store, tmp_pa
     assert reader.settle(timeout=120)
 
 
+@pytest.mark.parametrize("room", [True, False])
 def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
-    small_store, tmp_path, hold, monkeypatch
+    small_store, tmp_path, hold, monkeypatch, room
 ):
     """The read that fetches a shard whole hands its other chunks to the RAM fill from
     memory: a fill that starts after the shard's SSD write finished does not read it
-    back from the SSD tier (written around the page cache, that is a device read)."""
+    back from the SSD tier (written around the page cache, that is a device read).
+    Those bytes are bounded (MAX_AT_HAND_BYTES) and given back when the fill is done;
+    past the bound the fill reads the shard from the SSD tier, as it did before."""
     from zstore.read._ram_shards import ShardForm
     from zstore.read._ssd_shards import WholeShards
 
@@ -363,6 +366,9 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
     wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
     fs = ModelledFileSystem()
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    budget = reader.form.at_hand
+    if not room:
+        budget.used = budget.limit  # other fills hold all of it
     fs.reset_counts()
     got = reader.read(item, {"wav": Span(0, 16000)})["wav"]
     assert fill_started.wait(120) and written.wait(120)  # the SSD write first, then the fill
@@ -371,9 +377,12 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
     assert reader.settle(timeout=120)
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] >= 1
-    assert stats["ssd"]["hits"] == 0  # the fill did not map the SSD tier's copy
-    assert fs.requests == 1  # nor fetch anything again
+    # with room the fill did not map the SSD tier's copy; without, it read it from there
+    assert (stats["ssd"]["hits"] == 0) is room
+    assert budget.used == (0 if room else budget.limit)  # what the fill took, given back
+    assert fs.requests == 1  # nor did it fetch anything again
     np.testing.assert_array_equal(got, wav[:, :16000])
+    hits = stats["ssd"]["hits"]
     whole = reader.read(item, {"wav": Span(0, wav.shape[1])})["wav"]  # from the RAM tier
     np.testing.assert_array_equal(whole, wav[:])
-    assert zstore.cache_stats(cfg)["ssd"]["hits"] == 0
+    assert zstore.cache_stats(cfg)["ssd"]["hits"] == hits

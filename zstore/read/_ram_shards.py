@@ -23,7 +23,7 @@ from zstore.cache import Checked, TieredCache
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, Span, decode_chunk, strip_crc
 from zstore.origin import describe
-from zstore.read._builds import BehindBuilds
+from zstore.read._builds import MAX_AT_HAND_BYTES, BehindBuilds, ByteBudget
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import Mapped, MappedValues
 from zstore.read._shard_fills import ShardFills
@@ -64,6 +64,8 @@ class ShardForm(ShardFills, abc.ABC):
         self.ram = values.tier
         self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
         self.behind = behind  # the reader's fills queue (zstore.read._builds)
+        #: bytes of shard objects in memory that queued fills hold (see _hand_off)
+        self.at_hand = ByteBudget(MAX_AT_HAND_BYTES)
         #: the builder thread's own chunk source: it fetches without the readers' lock
         self.builder_source = ChunkSource(
             source.url, source.origin, source.tiers, source.fetch, source.complete

@@ -13,7 +13,7 @@ import numpy as np
 
 from zstore.cache import Tier, TieredCache
 from zstore.format import ArrayLayout, Span
-from zstore.read._builds import FORK_GATE, BehindBuilds
+from zstore.read._builds import FORK_GATE, BehindBuilds, ByteBudget
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import Mapped, MappedValues
 from zstore.read._shard_pieces import REUSE, Pieces, Plan, lazy_pieces, release_free_memory
@@ -30,6 +30,7 @@ class ShardFills:
         values: MappedValues
         ram: Tier
         behind: BehindBuilds
+        at_hand: ByteBudget
         chunk_bytes: int
 
         def key(self, layout: ArrayLayout, s: int) -> str: ...
@@ -152,22 +153,30 @@ class ShardFills:
         pieces = lazy_pieces(self.source, window, raw)
         held = {key: locks[key] for *_, key in todo}
         have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
-        # the shards' other chunks this process holds fetched whole (their SSD write
-        # queued): the fill takes them from memory, not from the SSD tier once written
-        rest = [c for layout, s, _, _ in todo for c in self._shard_chunks(layout, s)]
-        have.update(
-            (key, r)
-            for key, r in self.source.in_memory(
-                [c for c in rest if (c[0].path, c[1]) not in have]
-            ).items()
-        )
+        # The shards' other chunks this process holds fetched whole (their SSD write
+        # queued) go with them, within MAX_AT_HAND_BYTES: the fill then does not read
+        # them back from the SSD tier (from the device: it writes around the page cache).
+        rest = [
+            c
+            for layout, s, _, _ in todo
+            for c in self._shard_chunks(layout, s)
+            if (layout.path, c[1]) not in have
+        ]
+        at_hand = self.source.in_memory(rest)
+        extra = sum(len(data) for _, data in at_hand.values())
+        if extra and self.at_hand.take(extra):
+            have.update(at_hand)
+        else:
+            extra = 0
         # the shards' indexes the reader fetched: the fill does not fetch them again
         indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
-        build = partial(self._finish_builds, todo, have, held, indexes)
+        build = partial(self._finish_builds, todo, have, held, indexes, extra)
         nbytes = sum(len(data) for _, data in raw if data is not None)
         if self.behind.submit([key for *_, key in todo], build, nbytes):
             for key in held:
                 del locks[key]
+        else:
+            self.at_hand.give(extra)
         return pieces
 
     def _finish_builds(
@@ -176,10 +185,12 @@ class ShardFills:
         have: dict[tuple[str, int], tuple[Any, Any]],
         locks: dict[str, list[int]],
         indexes: dict[str, np.ndarray],
+        at_hand: int,
         done: Callable[[str], None],
     ) -> None:
         """In the thread behind the reads: shard by shard, fetch its other chunks, build
-        it into the tier, release the node's lock its reader took, mark it ``done``."""
+        it into the tier, release the node's lock its reader took, mark it ``done``;
+        then give back the ``at_hand`` bytes of shard objects in ``have``."""
         decode_locks = self.tiers.decode_locks
         assert decode_locks is not None
         REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
@@ -203,6 +214,7 @@ class ShardFills:
             for held in locks.values():  # a build that failed: its shards stay out
                 decode_locks.release(held)
             have.clear()
+            self.at_hand.give(at_hand)
         with self.values.lock:
             self.values.drop_evicted()
         release_free_memory()

@@ -386,3 +386,43 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
     whole = reader.read(item, {"wav": Span(0, wav.shape[1])})["wav"]  # from the RAM tier
     np.testing.assert_array_equal(whole, wav[:])
     assert zstore.cache_stats(cfg)["ssd"]["hits"] == hits
+
+
+def test_whole_shards_written_around_the_page_cache_read_back_right(
+    small_store, tmp_path, monkeypatch
+):
+    """Whole shards of DIRECT_MIN bytes and more reach the SSD tier by direct writes (this
+    store's shards are smaller: the bound is lowered here), and windows read from them
+    in a fresh reader equal the store's."""
+    import zstore.cache.tier as tier_module
+
+    direct = []
+    real = tier_module.write_direct
+
+    def counted(path, parts, *args):
+        got = real(path, parts, *args)
+        direct.append(got)
+        return got
+
+    monkeypatch.setattr(tier_module, "DIRECT_MIN", 4096)
+    monkeypatch.setattr(tier_module, "write_direct", counted)
+    cfg = ssd_only(tmp_path, fetch="shard")
+    root = zarr.open_group(small_store, mode="r")
+    first = WindowReader(small_store, cache=cfg)
+    assert_windows_equal(first, root, np.random.default_rng(5))
+    assert first.settle(timeout=120)
+    shards = [k for k in tier_keys(tmp_path / "ssd") if k.endswith("#W")]
+    assert len(shards) == 2 * len(list(root.group_keys()))
+    large = [
+        os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(tmp_path / "ssd")
+        for f in files
+        if f.endswith(".val") and os.path.getsize(os.path.join(d, f)) >= 4096
+    ]
+    assert sorted(direct) == sorted(large)  # each large value written directly (the wav shards)
+    assert len(large) == len(list(root.group_keys()))
+    fs = ModelledFileSystem()
+    fresh = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    fs.reset_counts()
+    assert_windows_equal(fresh, root, np.random.default_rng(6))
+    assert fs.requests == 0  # every window from the SSD tier's shards

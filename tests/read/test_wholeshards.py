@@ -28,14 +28,19 @@ def ssd_only(tmp_path, **kw):
     )
 
 
-def ram_and_ssd(tmp_path):
-    """Both tiers, with shards fetched whole."""
+def ram_and_ssd(tmp_path, **kw):
+    """Both tiers, with shards fetched whole (``kw`` overrides)."""
     return zstore.CacheConfig(
-        ram_dir=tmp_path / "ram",
-        ram_bytes="64MB",
-        ssd_dir=tmp_path / "ssd",
-        ssd_bytes="64MB",
-        fetch="shard",
+        **{
+            **dict(
+                ram_dir=tmp_path / "ram",
+                ram_bytes="64MB",
+                ssd_dir=tmp_path / "ssd",
+                ssd_bytes="64MB",
+                fetch="shard",
+            ),
+            **kw,
+        }
     )
 
 
@@ -316,14 +321,7 @@ def test_an_encoded_first_read_fetches_each_shard_whole_once(small_store, tmp_pa
     chunk in the tiers, before the read fetched the object whole again: a 4-rank first
     batch on an S3-like origin spent 0.45-0.77 s on it)."""
     fs = ModelledFileSystem()
-    cfg = zstore.CacheConfig(
-        ram_dir=tmp_path / "ram",
-        ram_bytes="64MB",
-        ram_format="encoded",
-        ssd_dir=tmp_path / "ssd",
-        ssd_bytes="256MB",
-        fetch="shard",
-    )
+    cfg = ram_and_ssd(tmp_path, ram_format="encoded", ssd_bytes="256MB")
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
     item = "utt000002"
     objects = [f"{small_store}/{item}/{name}/c/0/0" for name in ("wav", "act")]

@@ -63,8 +63,9 @@ def _buffer(nbytes: int) -> mmap.mmap:
 def write_direct(path: str, parts: Sequence[bytes | memoryview], mode: int = 0o600) -> int | None:
     """Write ``parts``, one after the other, to the new file ``path`` around the page
     cache; the bytes written, or None when the file system refuses direct writes
-    (nothing is left at ``path`` then: write it the buffered way).  Other errors
-    (``FileExistsError``, a full disk) are raised, with the file removed."""
+    (nothing is left at ``path`` then: write it the buffered way).  Other errors are
+    raised: ``FileExistsError`` leaving the existing file alone, and any error once
+    the file is created (a full disk) with the file removed."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, mode)
     except OSError as e:

@@ -10,7 +10,7 @@ RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 import numpy as np
 
@@ -220,16 +220,20 @@ class ChunkSource:
         return (obj, *span), whole.payload[span[0] : span[1]]
 
     def in_memory(
-        self, need: list[tuple[ArrayLayout, int]]
+        self, need: Iterable[tuple[ArrayLayout, int]]
     ) -> dict[tuple[str, int], tuple[Request, bytes | memoryview]]:
         """The chunks of ``need`` whose shard object is in this process's memory now
-        (fetched whole, its SSD write still queued), by (array path, chunk number)."""
+        (fetched whole, its SSD write still queued), by (array path, chunk number).
+        ``need`` is not looked at when this source fetches no shard whole."""
+        out: dict[tuple[str, int], tuple[Request, bytes | memoryview]] = {}
         if self.whole is None:
-            return {}
-        out = {}
+            return out
+        objects: dict[str, Held | None] = {}  # one lookup per shard object
         for layout, k in need:
             obj = layout.object_key(k // layout.chunks_per_shard)
-            whole = self.whole.in_memory(obj)
+            if obj not in objects:
+                objects[obj] = self.whole.in_memory(obj)
+            whole = objects[obj]
             if whole is not None:
                 got = self._held_chunk(obj, k % layout.chunks_per_shard, whole)
                 if got is not None:

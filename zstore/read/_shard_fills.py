@@ -156,12 +156,12 @@ class ShardFills:
         # The shards' other chunks this process holds fetched whole (their SSD write
         # queued) go with them, within MAX_AT_HAND_BYTES: the fill then does not read
         # them back from the SSD tier (from the device: it writes around the page cache).
-        rest = [
+        rest = (  # looked at only where shards are fetched whole
             c
             for layout, s, _, _ in todo
             for c in self._shard_chunks(layout, s)
             if (layout.path, c[1]) not in have
-        ]
+        )
         at_hand = self.source.in_memory(rest)
         extra = sum(len(data) for _, data in at_hand.values())
         if extra and self.at_hand.take(extra):

@@ -547,3 +547,106 @@ def test_a_file_system_that_refuses_direct_writes_gets_buffered_ones(tmp_path, m
     assert tier.put("b", payload[::-1])
     assert tier.get("a") == payload and tier.get("b") == payload[::-1]
     assert [resident_pages(path) > 0 for _, path in value_files(tmp_path / "ssd")] == [True] * 2
+
+
+def test_ram_values_written_through_a_tier_object_are_mapped_without_block_checks(tmp_path):
+    """The RAM tier object that wrote a value maps it with its blocks taken as checked
+    (it computed their checksums from the bytes it wrote, into memory); another tier
+    object on the same directory (another reader, another process) checks them, and so
+    does the writer once another writer replaced the value.  The SSD tier's values,
+    on a device, are always checked."""
+    payload, other_payload = os.urandom(600_000), os.urandom(600_000)
+    writer = Tier("ram", str(tmp_path / "ram"), 2**26, Stats(None))
+    assert writer.put("v", payload, blocked=True)
+    checked, _, _ = writer.get_mapped("v")
+    assert checked.complete and bytes(checked.payload) == payload
+
+    reader = Tier("ram", str(tmp_path / "ram"), 2**26, Stats(None))
+    checked, _, _ = reader.get_mapped("v")
+    assert not checked.complete
+    assert checked.verify(0, len(checked.payload)) and checked.complete
+
+    assert reader.put("v", other_payload, blocked=True)  # a new file under the same key
+    checked, _, _ = writer.get_mapped("v")
+    assert not checked.complete
+    assert checked.verify(0, len(checked.payload)) and bytes(checked.payload) == other_payload
+
+    ssd = Tier("ssd", str(tmp_path / "ssd"), 2**26, Stats(None))
+    assert ssd.put("v", payload, blocked=True)
+    checked, _, _ = ssd.get_mapped("v")
+    assert not checked.complete
+
+
+def test_a_value_changed_in_place_after_its_write_is_checked_by_its_writer_too(tmp_path):
+    """A write into the value's file after the tier object wrote it moves the file's
+    change time: the writer no longer takes it for its own, checks its blocks and finds
+    the damage, as any other reader does."""
+    payload = os.urandom(600_000)
+    writer = Tier("ram", str(tmp_path / "ram"), 2**26, Stats(None))
+    assert writer.put("v", payload, blocked=True)
+    ((_, path),) = value_files(tmp_path / "ram")
+    with open(path, "r+b") as f:  # one byte flipped in place: the same inode
+        f.seek(-1000, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-1000, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for tier in (writer, Tier("ram", str(tmp_path / "ram"), 2**26, Stats(None))):
+        checked, _, _ = tier.get_mapped("v")
+        assert not checked.complete
+        assert not checked.verify(0, len(checked.payload))
+
+
+class _Advised:
+    """Stands in for a value's map: records the ``madvise`` calls made on it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
+
+    def madvise(self, advice: int, start: int, length: int) -> None:
+        self.calls.append((advice, start, length))
+
+
+def test_prefetch_asks_for_the_pages_of_unchecked_blocks_once():
+    """``Checked.prefetch`` asks the kernel to read a mapped value's byte range in, page
+    aligned from where the payload starts in the map, and only while some of its
+    blocks are unchecked (read for the first time in this process)."""
+    import mmap
+
+    import numpy as np
+    from crc32c import crc32c
+
+    from zstore.cache.value import BLOCK, Checked
+
+    payload = os.urandom(4 * BLOCK)
+    table = np.array(
+        [crc32c(payload[i : i + BLOCK]) for i in range(0, len(payload), BLOCK)], dtype="<u4"
+    )
+    advised = _Advised()
+    offset = 3 * 64  # where the payload starts in the map (after header and table)
+    checked = Checked(memoryview(payload), table, advised, offset)  # type: ignore[arg-type]
+    checked.prefetch(BLOCK + 10, 2 * BLOCK + 5)
+    page = mmap.PAGESIZE
+    start = (offset + BLOCK + 10) // page * page
+    assert advised.calls == [(mmap.MADV_WILLNEED, start, offset + 2 * BLOCK + 5 - start)]
+    assert checked.verify(BLOCK + 10, 2 * BLOCK + 5)
+    checked.prefetch(BLOCK, 3 * BLOCK)  # these blocks are checked: in memory already
+    assert len(advised.calls) == 1
+    checked.prefetch(0, 10)  # the first block is not
+    assert len(advised.calls) == 2
+    plain = Checked(memoryview(payload), table)  # read, not mapped: nothing to ask
+    plain.prefetch(0, len(payload))
+
+
+def test_a_mapped_ssd_value_reads_right_after_a_prefetch(tmp_path):
+    """A prefetch of part of a large SSD value written around the page cache is advice
+    only: the value maps, checks and reads whole after it, plain or at odd offsets."""
+    from zstore.cache._direct import DIRECT_MIN
+
+    tier = Tier("ssd", str(tmp_path / "ssd"), 2**26, Stats(None))
+    payload = os.urandom(3 * DIRECT_MIN + 4095)
+    assert tier.put("v", payload, blocked=True)
+    checked, _, _ = tier.get_mapped("v")
+    checked.prefetch(DIRECT_MIN + 7, 2 * DIRECT_MIN + 3)
+    checked.prefetch(len(payload) - 10, len(payload))
+    assert checked.verify(0, len(payload))
+    assert bytes(checked.payload) == payload

@@ -342,11 +342,12 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
 ):
     """The read that fetches a shard whole hands its other chunks to the RAM fill from
     memory: a fill that starts after the shard's SSD write finished does not read it
-    back from the SSD tier (written around the page cache, that is a device read).
-    Those bytes are bounded (MAX_AT_HAND_BYTES) and given back when the fill is done;
-    past the bound the fill reads the shard from the SSD tier, as it did before."""
+    back from the SSD tier (written around the page cache, that is a device read), and
+    nor do this process's reads of it until the fill is done.  Those bytes are bounded
+    (MAX_AT_HAND_BYTES) and given back when the fill is done; past the bound the fill
+    and the reads read the shard from the SSD tier, as they did before."""
     from zstore.read._ram_shards import ShardForm
-    from zstore.read._ssd_shards import WholeShards
+    from zstore.read._ssd_shards import _AT_HAND, WholeShards
 
     fill_started, fill_release = hold(ShardForm, "_finish_builds")
     written = threading.Event()
@@ -371,8 +372,14 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
     got = reader.read(item, {"wav": Span(0, 16000)})["wav"]
     assert fill_started.wait(120) and written.wait(120)  # the SSD write first, then the fill
     assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
+    # a read of the shard while its fill waits: with room, from this process's memory
+    # (no SSD-tier hit, which would be a device read), without, from the SSD tier
+    again = reader.read(item, {"wav": Span(8000, 24000)})["wav"]
+    np.testing.assert_array_equal(again, wav[:, 8000:24000])
+    assert (zstore.cache_stats(cfg)["ssd"]["hits"] == 0) is room
     fill_release.set()
     assert reader.settle(timeout=120)
+    assert not _AT_HAND  # let go once both the SSD write and the fill are done
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] >= 1
     # with room the fill did not map the SSD tier's copy; without, it read it from there
@@ -384,6 +391,37 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
     whole = reader.read(item, {"wav": Span(0, wav.shape[1])})["wav"]  # from the RAM tier
     np.testing.assert_array_equal(whole, wav[:])
     assert zstore.cache_stats(cfg)["ssd"]["hits"] == hits
+
+
+def test_a_windows_chunks_in_a_shard_held_whole_are_not_counted_twice(small_store, tmp_path, hold):
+    """A window's chunks taken from a shard object fetched whole are part of that object,
+    which its fill holds within MAX_AT_HAND_BYTES: they are not counted again in the
+    fills queue's bytes.  Counted there, the next batch's fills found the queue full
+    behind the batch before it, and their shards were read again from the SSD tier."""
+    from zstore.read._ram_shards import ShardForm
+    from zstore.read._ssd_shards import WholeShards
+
+    fill_started, fill_release = hold(ShardForm, "_finish_builds")
+    _, write_release = hold(WholeShards, "_write")  # the objects stay in memory meanwhile
+    cfg = ram_and_ssd(tmp_path)
+    root = zarr.open_group(small_store, mode="r")
+    items = sorted(root.group_keys())[:3]
+    fs = ModelledFileSystem()
+    reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    behind = reader.form.behind
+    behind.max_bytes = 1  # a queued fill's window bytes, counted, would leave no room
+    fs.reset_counts()
+    got = [reader.read(item, {"wav": Span(0, 16000)})["wav"] for item in items]
+    assert fill_started.wait(120)
+    assert len(behind.pending) == len(items)  # every item's fill queued, none refused
+    assert behind.pending_bytes == 0
+    write_release.set()
+    fill_release.set()
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cfg)["ram"]["fills"] == len(items)
+    assert fs.requests == len(items)  # each shard fetched once, whole
+    for item, wav in zip(items, got):
+        np.testing.assert_array_equal(wav, root[f"{item}/wav"][:, :16000])
 
 
 def test_whole_shards_written_around_the_page_cache_read_back_right(

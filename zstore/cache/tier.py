@@ -28,6 +28,7 @@ import zstore.cache._upkeep as upkeep
 from zstore.cache._direct import DIRECT_MIN, write_direct
 from zstore.cache._evictions import EvictionLog
 from zstore.cache._location import refusal
+from zstore.cache._own import OwnWrites
 from zstore.cache._space import Refused, Room, rounded
 from zstore.cache._stats import Stats
 from zstore.cache.files import fix_file
@@ -151,6 +152,9 @@ class Tier:
         self._pid = -1
         self._cache: diskcache.Cache | None = None
         self._warned: set[str] = set()
+        #: the RAM tier's values written through this object, mapped without their
+        #: block checks (zstore.cache._own); the SSD tier's are checked (a device)
+        self.own = OwnWrites() if name == "ram" else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -180,6 +184,8 @@ class Tier:
         if self._pid == os.getpid():
             return self._cache
         self._pid, self._cache, self._warned = os.getpid(), None, set()
+        if self.own is not None:  # a forked child trusts what it writes, not its parent
+            self.own = OwnWrites()
         fstype = network_fs_type(self.directory)
         if fstype:
             self._warn(
@@ -324,7 +330,7 @@ class Tier:
             return None
         if count_miss:  # a first lookup, not a recheck under a lock
             self.touch(key)
-        ino = 0
+        ino, own = 0, False
         try:
             handle = cache.get(key, default=None, read=True)
             if handle is None:
@@ -340,6 +346,7 @@ class Tier:
                         else b""
                     )
                     ino = st.st_ino
+                    own = self.own is not None and self.own.wrote(key, st)
                 else:
                     value = handle.read()
         except Exception as e:
@@ -349,6 +356,8 @@ class Tier:
         if checked is None or not (mapped or checked.verify(0, len(checked.payload))):
             self._corrupt(cache, key, ino=ino)
             return None
+        if own:  # written through this object: its blocks need no check (see _own)
+            checked.complete = True
         self.stats.add(f"{self.name}_hits")
         self.stats.add(f"{self.name}_hit_bytes", len(checked.payload))
         return checked, handle.name, ino
@@ -467,6 +476,7 @@ class Tier:
         disk: _Disk = cache.disk
         evicted: list[int] = []
         written: list[str] = []
+        where: dict[str, str] = {}  # the file each key's value went to
         try:
             need = [rounded(len(head) + len(payload)) for _, payload, head in todo]
             early = self.room.has_room(cache, EARLY_MARGIN * sum(need))
@@ -478,6 +488,7 @@ class Tier:
                     path = os.path.join(disk._directory, stored[2])  # (size, mode, filename, _)
                     files.append(_Written(stored, path))
                     written.append(path)
+                    where[key] = path
                 else:
                     files.append(Parts(head, payload))
                 disk.last_path = None
@@ -490,6 +501,7 @@ class Tier:
                     cache.set(key, value, read=True, retry=True)
                     if disk.last_path:
                         written.append(disk.last_path)
+                        where[key] = disk.last_path
                     disk.last_path = None
             # Logged once committed and unlinked, not before: a reader whose snapshot
             # predates the commit may still open an evicted file until it is unlinked,
@@ -506,6 +518,9 @@ class Tier:
             disk.last_path = None
             self._warn("write failed", e)
             return 0
+        if self.own is not None:
+            for key, path in where.items():
+                self.own.record(key, path)
         self.stats.add(f"{self.name}_fills", len(todo))
         self.stats.add(
             f"{self.name}_fill_bytes", sum(len(head) + len(payload) for _, payload, head in todo)

@@ -60,12 +60,15 @@ MAX_PENDING_BYTES = 64 * 2**20
 #: fills' (one thread, 48 shards, 64 MB), they took its room and the RAM tier's fills
 #: lagged into the epochs after the first (S3-like, one rank: epoch 2 at 0.5x).
 MAX_WRITE_BYTES = 128 * 2**20
-#: Bytes of shard objects fetched whole that queued fills hold beside the windows'
-#: chunks: the shards' other chunks, handed over from memory so the fill does not read
-#: them back from the SSD tier (``zstore.read._shard_fills``).  Counted apart from
-#: MAX_PENDING_BYTES: counted in it, they took the queue's room and the fills moved
-#: from epoch 0 into epoch 1 (S3-like, 4 ranks: epoch 1 at 201 windows/s against 288).
-MAX_AT_HAND_BYTES = 128 * 2**20
+#: Bytes of shard objects fetched whole that queued fills hold: the shards' chunks,
+#: handed over from memory so neither the fill nor this process's reads of them before
+#: it is done read them back from the SSD tier (``zstore.read._shard_fills``).  About
+#: the fills queue's MAX_PENDING shards of 5-7 MB: at 128 MB, one rank's cold NFS-like
+#: first epoch still read a third of its shards back from the SSD tier's device (0.80x
+#: of no tiers against 0.89x at 256 MB).  Counted apart from MAX_PENDING_BYTES:
+#: counted in it, they took the queue's room and the fills moved from epoch 0 into
+#: epoch 1 (S3-like, 4 ranks: epoch 1 at 201 windows/s against 288).
+MAX_AT_HAND_BYTES = 256 * 2**20
 
 
 class ByteBudget:

@@ -240,6 +240,17 @@ class ChunkSource:
                     out[(layout.path, k)] = got
         return out
 
+    def keep_in_memory(self, objs: Iterable[str]) -> list[str]:
+        """Keep those shard objects of ``objs`` this process holds in memory (see
+        :meth:`in_memory`) there, for this process's reads too, until
+        :meth:`let_go`; the ones kept."""
+        return self.whole.keep(objs) if self.whole is not None else []
+
+    def let_go(self, objs: list[str]) -> None:
+        """Undo :meth:`keep_in_memory`."""
+        if self.whole is not None and objs:
+            self.whole.let_go(objs)
+
     def keep_whole(self, layout: ArrayLayout) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
         one at a time; shards it holds already are left alone."""

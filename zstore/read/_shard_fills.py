@@ -163,20 +163,30 @@ class ShardFills:
             if (layout.path, c[1]) not in have
         )
         at_hand = self.source.in_memory(rest)
-        extra = sum(len(data) for _, data in at_hand.values())
-        if extra and self.at_hand.take(extra):
+        objs = {request[0] for request, _ in at_hand.values()}
+        # the windows' own chunks in those objects are parts of them too: counted with
+        # them here, not in the queue's bytes (counted there, a batch's fills found the
+        # queue full behind the batch before it, and its shards were read again from
+        # the SSD tier's device until a later read queued them)
+        inside = sum(len(d) for r, d in raw if d is not None and r is not None and r[0] in objs)
+        extra = sum(len(data) for _, data in at_hand.values()) + inside
+        kept: list[str] = []
+        if objs and self.at_hand.take(extra):
             have.update(at_hand)
+            # and this process's reads take them from memory too until the fill is done
+            kept = self.source.keep_in_memory(objs)
         else:
-            extra = 0
+            extra = inside = 0
         # the shards' indexes the reader fetched: the fill does not fetch them again
         indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
-        build = partial(self._finish_builds, todo, have, held, indexes, extra)
-        nbytes = sum(len(data) for _, data in raw if data is not None)
+        build = partial(self._finish_builds, todo, have, held, indexes, (extra, kept))
+        nbytes = sum(len(data) for _, data in raw if data is not None) - inside
         if self.behind.submit([key for *_, key in todo], build, nbytes):
             for key in held:
                 del locks[key]
         else:
             self.at_hand.give(extra)
+            self.source.let_go(kept)
         return pieces
 
     def _finish_builds(
@@ -185,12 +195,13 @@ class ShardFills:
         have: dict[tuple[str, int], tuple[Any, Any]],
         locks: dict[str, list[int]],
         indexes: dict[str, np.ndarray],
-        at_hand: int,
+        at_hand: tuple[int, list[str]],
         done: Callable[[str], None],
     ) -> None:
         """In the thread behind the reads: shard by shard, fetch its other chunks, build
         it into the tier, release the node's lock its reader took, mark it ``done``;
-        then give back the ``at_hand`` bytes of shard objects in ``have``."""
+        then give back ``at_hand``: the bytes of shard objects in ``have``, and the
+        objects kept in memory for them."""
         decode_locks = self.tiers.decode_locks
         assert decode_locks is not None
         REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
@@ -214,7 +225,8 @@ class ShardFills:
             for held in locks.values():  # a build that failed: its shards stay out
                 decode_locks.release(held)
             have.clear()
-            self.at_hand.give(at_hand)
+            self.at_hand.give(at_hand[0])
+            self.source.let_go(at_hand[1])
         with self.values.lock:
             self.values.drop_evicted()
         release_free_memory()

@@ -22,10 +22,11 @@ what the first batch cost on top of no tiers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -40,11 +41,23 @@ from zstore.read._maps import MappedValues
 SUFFIX = "#W"
 FORGET = 65536  # shard keys a process remembers the SSD tier lacks, before it asks again
 
-#: Shard objects fetched whole whose SSD write is queued behind the reads, by (SSD tier
-#: directory, key): this process reads them from memory until they are written.
-_WRITING: dict[tuple[str, str], Held] = {}
-_WRITING_LOCK = threading.Lock()
-os.register_at_fork(after_in_child=_WRITING.clear)  # the child writes none of them
+#: Shard objects fetched whole that this process holds in memory, by (SSD tier
+#: directory, key): while their SSD write is queued behind the reads, and while a queued
+#: RAM fill holds their chunks (``keep``).  This process reads them from memory until
+#: both are done: a read from the SSD tier right after the write comes from the device
+#: (the write goes around the page cache), and in a cold NFS-like first epoch those
+#: reads took ~0.15 s of one rank's reading thread (docs/benchmarks-notes.md).
+_AT_HAND: dict[tuple[str, str], Held] = {}
+_HOLDERS: collections.Counter[tuple[str, str]] = collections.Counter()
+_AT_HAND_LOCK = threading.Lock()
+
+
+def _forget_all() -> None:
+    _AT_HAND.clear()
+    _HOLDERS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_all)  # the child writes and fills none of them
 
 
 class Held:
@@ -89,7 +102,7 @@ class WholeShards:
         blocks of chunks ``wanted`` checked; None when the tier lacks it (remembered,
         unless ``again``: a recheck under the fill lock) or a check fails (dropped)."""
         key = self.key(obj)
-        writing = _WRITING.get(self._slot(key))
+        writing = _AT_HAND.get(self._slot(key))
         if writing is not None:
             return writing
         if not again and key in self._absent:
@@ -101,9 +114,11 @@ class WholeShards:
             self._absent.add(key)
             return None
         found = Held(got.view, got.checked.payload)
-        for n in wanted:
-            span = found.chunk(n)
-            if span is not None and not got.checked.verify(*span):
+        spans = [span for span in map(found.chunk, wanted) if span is not None]
+        for start, stop in _runs(spans):  # read ahead, not a device read per page
+            got.checked.prefetch(start, stop)
+        for span in spans:
+            if not got.checked.verify(*span):
                 self.values.discard(key)  # corrupt in the tier: read the chunks anew
                 return None
         self._absent.discard(key)
@@ -111,8 +126,26 @@ class WholeShards:
 
     def in_memory(self, obj: str) -> Held | None:
         """Shard object ``obj`` when this process holds it fetched whole, its SSD write
-        still queued (else None, even when the tier holds it)."""
-        return _WRITING.get(self._slot(self.key(obj)))
+        or a RAM fill of it still queued (else None, even when the tier holds it)."""
+        return _AT_HAND.get(self._slot(self.key(obj)))
+
+    def keep(self, objs: Iterable[str]) -> list[str]:
+        """Keep those of ``objs`` this process holds in memory there until
+        :meth:`let_go` (a queued RAM fill holds their chunks); the ones kept."""
+        kept = []
+        with _AT_HAND_LOCK:
+            for obj in objs:
+                where = self._slot(self.key(obj))
+                if where in _AT_HAND:
+                    _HOLDERS[where] += 1
+                    kept.append(obj)
+        return kept
+
+    def let_go(self, objs: Iterable[str]) -> None:
+        """Undo :meth:`keep` of ``objs``."""
+        with _AT_HAND_LOCK:
+            for obj in objs:
+                _let_go(self._slot(self.key(obj)))
 
     def held_many(self, wanted: Wanted, *, again: bool = False) -> dict[str, Held]:
         """:meth:`held` for each shard object of ``wanted``, under the maps' lock (this
@@ -139,16 +172,17 @@ class WholeShards:
             return False
         key = self.key(obj)
         where = self._slot(key)
-        with _WRITING_LOCK:
-            _WRITING[where] = held
+        with _AT_HAND_LOCK:
+            _AT_HAND[where] = held
+            _HOLDERS[where] += 1
         if self.behind.submit(key, partial(self._write, obj, held, fds), len(held.payload)):
             return True
-        with _WRITING_LOCK:
-            _WRITING.pop(where, None)
+        with _AT_HAND_LOCK:
+            _let_go(where)
         return False
 
     def _slot(self, key: str) -> tuple[str, str]:
-        """``key``'s place in ``_WRITING`` (two caches of one store share keys)."""
+        """``key``'s place in ``_AT_HAND`` (two caches of one store share keys)."""
         return self.values.tier.directory, key
 
     def _write(self, obj: str, held: Held, fds: list[int], done: Any) -> None:
@@ -157,8 +191,8 @@ class WholeShards:
             with FORK_GATE.held():  # SQLite and the file write
                 self.put(obj, held.payload)
         finally:
-            with _WRITING_LOCK:
-                _WRITING.pop(self._slot(self.key(obj)), None)
+            with _AT_HAND_LOCK:
+                _let_go(self._slot(self.key(obj)))
             if self.tiers.fill_locks is not None:
                 self.tiers.fill_locks.release(fds)
 
@@ -194,6 +228,26 @@ class WholeShards:
             return
         with self.tiers.fill_locks.hold(self.key(o) for o in objs):
             yield
+
+
+def _let_go(where: tuple[str, str]) -> None:
+    """One holder of ``where`` is done with it (under _AT_HAND_LOCK)."""
+    _HOLDERS[where] -= 1
+    if _HOLDERS[where] <= 0:
+        del _HOLDERS[where]
+        _AT_HAND.pop(where, None)
+
+
+def _runs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Byte ranges ``spans`` merged where they touch (a window's chunks lie one after
+    another in their shard object)."""
+    runs: list[tuple[int, int]] = []
+    for start, stop in sorted(spans):
+        if runs and start <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], stop))
+        else:
+            runs.append((start, stop))
+    return runs
 
 
 def _index(url: str, layout: ArrayLayout, obj: str, checked: Checked) -> Any:

@@ -5,10 +5,11 @@ A blocked value's crc32c per 128 KiB block guards a reader against a file it did
 write: a killed or faulty writer, a damaged disk, another program.  The process that
 wrote a RAM-tier value computed those checksums from the very bytes it wrote, moments
 before, into tmpfs, which is memory like its own heap.  Checking them again on its own
-reads cost one rank's first epoch on a cold NFS-like origin ~8% of its time: the
-reading thread checked every block of every shard the fill had just written
-(docs/benchmarks-notes.md).  Every other process, and every other tier object in this
-one (a fresh reader), still checks each block the first time it reads it.
+reads was ~230 MB of one rank's first epoch on a cold NFS-like origin, in its reading
+thread: every block of every shard its fill had just written (~0.02-0.04 s; alone,
+within the run-to-run spread of that epoch: docs/benchmarks-notes.md).  Every other
+process, and every other tier object in this one (a fresh reader), still checks each
+block the first time it reads it.
 
 A value is known by its key, inode and change time: a file evicted and replaced under
 the same key, even one given the same inode number, is not taken for the one written.

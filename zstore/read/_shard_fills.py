@@ -205,8 +205,8 @@ class ShardFills:
         decode_locks = self.tiers.decode_locks
         assert decode_locks is not None
         REUSE.on = True  # this thread builds one shard at a time: reuse its scratch
-        self.builder_source.remember_indexes(indexes)
         try:
+            self.builder_source.remember_indexes(indexes)
             for layout, s, _, key in todo:
                 need = self._shard_chunks(layout, s)
                 rest = [(la, k) for la, k in need if (la.path, k) not in have]

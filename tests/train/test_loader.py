@@ -233,3 +233,34 @@ def test_batch_buffers_are_in_small_pages(small_store, cache):
     flags = _vm_flags(wav.data_ptr())
     assert "nh" in flags and "hg" not in flags, flags
     same(batch, next(iter(DataLoader(ds, batch_size=len(ds)))))
+
+
+def test_the_copy_threads_share_a_batchs_heavy_field(small_store, cache, monkeypatch):
+    """A batch's copy jobs alternate its fields (a window's wav, its act, the next
+    window's wav, ...); each copy thread takes the next job as it finishes one, so both
+    copy wav windows.  Dealt out in fixed shares, one thread got every wav and the
+    other only act.  Here each wav copy waits until another wav copy runs beside it:
+    that happens only when two threads copy wav windows at once."""
+    import zstore.read.reader as reader_module
+    import zstore.train._loader as loader_module
+
+    monkeypatch.setattr(loader_module, "INLINE_BYTES", 0)  # these windows are small
+    beside = threading.Barrier(2, timeout=60)
+    threads: set[str] = set()
+    real = reader_module._copy_into
+
+    def copy_into(layout, span, index, out):
+        if layout.path.endswith("/wav"):
+            threads.add(threading.current_thread().name)
+            beside.wait()  # raises BrokenBarrierError after 60 s alone
+        return real(layout, span, index, out)
+
+    monkeypatch.setattr(reader_module, "_copy_into", copy_into)
+    ds = dataset(small_store, cache)
+    loader = zstore.WindowLoader(ds, 2, threads=2, prefetch=1)
+    reference = DataLoader(dataset(small_store, cache), batch_size=2)
+    got = list(loader)
+    assert len(got) == len(loader) and len(ds) % 2 == 0  # every batch: 2 wav copies, paired
+    for a, b in zip(got, reference):
+        same(a, b)
+    assert len(threads) == 2

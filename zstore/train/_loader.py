@@ -189,12 +189,12 @@ class WindowLoader:
 
         nbytes = sum(arr.nbytes for arr in buffers.arrays.values())
 
-        def copy(jobs: list[Any]) -> None:  # a share of the copies per thread, not one each
+        def copy(jobs: list[Any]) -> None:  # the copies shared by the threads, not one each
             if nbytes < INLINE_BYTES:  # small windows: handing them over costs more
                 _run_share(jobs)
                 return
-            shares = [jobs[k :: self.threads] for k in range(min(self.threads, len(jobs)))]
-            list(copier.map(_run_share, shares))
+            shared = deque(jobs)
+            list(copier.map(_run_shared, [shared] * min(self.threads, len(jobs))))
 
         try:
             windows = [(item, spans, position) for item, spans, _, _, position in placed]
@@ -280,4 +280,20 @@ class WindowLoader:
 
 def _run_share(jobs: list[Any]) -> None:
     for job in jobs:
+        job()
+
+
+def _run_shared(jobs: deque[Any]) -> None:
+    """Run the batch's copy jobs one at a time, each thread taking the next one as it
+    finishes its last.  A batch's jobs alternate its fields (a window's ``wav``, its
+    ``act``, the next window's ``wav``, ...): dealt out in fixed shares (every other
+    job to each of 2 threads), one thread got every ``wav`` and the other only the
+    small fields, and the windows were decoded and copied at one thread's pace
+    (one rank, cold NFS-like origin: 0.79 s of copying in one thread against 0.23 s
+    in the other over an epoch; docs/benchmarks-notes.md)."""
+    while True:
+        try:
+            job = jobs.popleft()  # atomic: threads never take the same job
+        except IndexError:
+            return
         job()

@@ -462,3 +462,28 @@ def test_whole_shards_written_around_the_page_cache_read_back_right(
     fs.reset_counts()
     assert_windows_equal(fresh, root, np.random.default_rng(6))
     assert fs.requests == 0  # every window from the SSD tier's shards
+
+
+def test_a_forked_child_holds_none_of_its_parents_shards_in_memory(small_store, tmp_path, hold):
+    """A shard object the parent holds in memory (its SSD write and its fill queued) is
+    not in a forked child's: the child writes and fills none of them, and reads the
+    shard from the tiers or the origin."""
+    from zstore.read._ram_shards import ShardForm
+    from zstore.read._ssd_shards import _AT_HAND, _HOLDERS, WholeShards
+
+    hold(ShardForm, "_finish_builds")
+    _, write_release = hold(WholeShards, "_write")
+    cfg = ram_and_ssd(tmp_path)
+    reader = WindowReader(small_store, cache=cfg, origin_fs=ModelledFileSystem()).open()
+    reader.read("utt000001", {"wav": Span(0, 16000)})
+    assert _AT_HAND and _HOLDERS  # held for the queued write and the fill
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it holds, then leave at once
+        os.write(write_end, bytes([len(_AT_HAND), len(_HOLDERS)]))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        assert f.read() == bytes([0, 0])
+    assert os.waitpid(pid, 0)[1] == 0
+    write_release.set()

@@ -223,7 +223,8 @@ class ChunkSource:
         self, need: Iterable[tuple[ArrayLayout, int]]
     ) -> dict[tuple[str, int], tuple[Request, bytes | memoryview]]:
         """The chunks of ``need`` whose shard object is in this process's memory now
-        (fetched whole, its SSD write still queued), by (array path, chunk number).
+        (fetched whole, its SSD write or a RAM fill of it still queued), by (array path,
+        chunk number).
         ``need`` is not looked at when this source fetches no shard whole."""
         out: dict[tuple[str, int], tuple[Request, bytes | memoryview]] = {}
         if self.whole is None:

@@ -190,15 +190,13 @@ class WindowLoader:
         nbytes = sum(arr.nbytes for arr in buffers.arrays.values())
 
         def copy(jobs: list[Any]) -> None:  # the copies shared by the threads, not one each
-            if nbytes < INLINE_BYTES:  # small windows: handing them over costs more
-                _run_share(jobs)
-                return
             shared = deque(jobs)
             list(copier.map(_run_shared, [shared] * min(self.threads, len(jobs))))
 
         try:
             windows = [(item, spans, position) for item, spans, _, _, position in placed]
-            ds.reader.read_batch(windows, outs, copy)
+            # small windows are copied here, in turn: handing them over costs more
+            ds.reader.read_batch(windows, outs, copy if nbytes >= INLINE_BYTES else None)
         except Exception as e:
             raise self._error(located, indices, e) from e
         batch: dict[str, Any] = {
@@ -276,11 +274,6 @@ class WindowLoader:
                     held = [b for b in self._pool if not b.free()]
                     self._pool.remove(held[0] if held else self._pool[0])
         return batch
-
-
-def _run_share(jobs: list[Any]) -> None:
-    for job in jobs:
-        job()
 
 
 def _run_shared(jobs: deque[Any]) -> None:

@@ -192,7 +192,7 @@ def test_windows_beyond_the_budget_are_bit_identical(small_store, tmp_path, ram_
 def test_corrupt_chunks_behind_a_full_ram_tier_are_refetched(small_store, tmp_path):
     root = zarr.open_group(small_store, mode="r")
     cfg = zstore.CacheConfig(
-        ram_dir=tmp_path / "ram", ram_bytes="1MB", ssd_dir=tmp_path / "ssd", ssd_bytes="64MB"
+        ram_dir=tmp_path / "ram", ram_bytes="256KB", ssd_dir=tmp_path / "ssd", ssd_bytes="64MB"
     )
     reader = WindowReader(small_store, cache=cfg)
     item = sorted(root.group_keys())[3]

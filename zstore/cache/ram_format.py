@@ -34,11 +34,12 @@ class FormatChoice:
 
 
 def choose(config: ResolvedCache, decoded_bytes: int, stored_bytes: int) -> FormatChoice:
-    """The RAM format for a store whose fields take ``decoded_bytes`` decoded and
+    """The RAM format for a store whose fields take ``decoded_bytes`` as decoded shards
+    in the RAM tier (float int16 samples as int16: ``Sizes.ram_bytes``) and
     ``stored_bytes`` compressed, under ``config`` (``ram_format`` "auto" or explicit)."""
     budget = config.ram_bytes if config.ram_dir else 0
     sizes = (
-        f"decoded {format_size(decoded_bytes)}, stored {format_size(stored_bytes)}, "
+        f"decoded {format_size(decoded_bytes)} in RAM, stored {format_size(stored_bytes)}, "
         f"RAM budget {format_size(budget)}"
     )
     if config.ram_format != "auto":

@@ -333,6 +333,22 @@ class ArrayLayout:
     index_codecs: tuple[dict[str, Any], ...]
     fill_value: Any
     fast: bool
+    #: the array's values as the manifest records them (:attr:`ArrayInfo.values`); set
+    #: by the reader for an item's own arrays, None where unknown
+    values: str | None = None
+
+    @property
+    def int16_samples(self) -> bool:
+        """Whether this is a float array of int16 samples (``x / 32768``, as read from
+        16-bit PCM): the RAM tier keeps its decoded shards as the int16 samples, half
+        (float32) or a quarter (float64) of the bytes, widened back exactly as a window
+        is copied out (:attr:`ram_dtype`)."""
+        return self.values == "int16" and self.dtype.kind == "f" and self.dtype.itemsize > 2
+
+    @property
+    def ram_dtype(self) -> np.dtype:
+        """The dtype of this array's decoded shards in the RAM tier."""
+        return np.dtype(np.int16) if self.int16_samples else self.dtype
 
     @property
     def length(self) -> int:

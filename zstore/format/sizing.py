@@ -23,6 +23,9 @@ class Sizes:
     stored_bytes: int
     shards: int
     chunks: int
+    #: what the decoded fields take in the RAM tier: float arrays of int16 samples are
+    #: kept as int16 there (``ArrayLayout.ram_dtype``)
+    ram_bytes: int = 0
 
 
 def _totals(lengths: np.ndarray, step_nbytes: int, chunk: int, shard: int) -> list[int]:
@@ -76,7 +79,7 @@ def field_sizes(manifest: Manifest, metas: Any, fields: Sequence[str] | None = N
     header's totals where it has them, else summed over every item's length."""
     names = [n for n in (fields or manifest.time_arrays) if n in manifest.lengths]
     decoded = shards = chunks = 0
-    everything = 0
+    everything = ram = 0
     known = manifest.extra.get("sizes")
     known = known if isinstance(known, dict) else {}
     for name in manifest.time_arrays:
@@ -97,11 +100,23 @@ def field_sizes(manifest: Manifest, metas: Any, fields: Sequence[str] | None = N
         everything += totals[0]
         if name in names:
             decoded += totals[0]
+            ram += int(totals[0] * _ram_share(manifest, name))
             shards += totals[1]
             chunks += totals[2]
     total = int(manifest.extra.get("store_bytes", 0))
     stored = int(total * decoded / everything) if everything else total
-    return Sizes(decoded, stored, shards, chunks)
+    return Sizes(decoded, stored, shards, chunks, ram)
+
+
+def _ram_share(manifest: Manifest, name: str) -> float:
+    """The share of array ``name``'s decoded bytes its shards take in the RAM tier: 0.5
+    for float32 int16 samples (0.25 for float64), 1 otherwise.  Pack groups (short
+    items) keep their float values, so a store with any is counted in full."""
+    info = manifest.arrays[name]
+    if info.values != "int16" or info.dtype is None or manifest.placement is not None:
+        return 1.0
+    dtype = np.dtype(info.dtype)
+    return 2 / dtype.itemsize if dtype.kind == "f" and dtype.itemsize > 2 else 1.0
 
 
 def stored_objects(manifest: Manifest) -> int:

@@ -13,6 +13,7 @@ and decoded (:func:`chunk_pieces`).
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -34,10 +35,14 @@ from zstore.read._shard_pieces import (
     chunk_pieces,
     copy_time,
     in_shard,
+    narrow_time,
     scratch,
     scratch_chunks,
     shard_shape,
 )
+from zstore.read.streamcopy import widen
+
+log = logging.getLogger("zstore")
 
 MAX_KEYS = 1 << 16  # shard keys a form remembers (a dict of short strings)
 
@@ -207,21 +212,32 @@ class ShardForm(ShardFills, abc.ABC):
 
 
 class DecodedShards(ShardForm):
-    """Decoded shards: a warm window is one lookup and one copy per field."""
+    """Decoded shards: a warm window is one lookup and one copy per field.  A float
+    array of int16 samples (``ArrayLayout.int16_samples``) is kept as those samples,
+    half the bytes (float32), widened as windows are copied out."""
 
     suffix = "#D"
     later = True  # a build decodes a whole shard (~20-30 ms)
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._wide: set[str] = set()  # array paths with a shard kept wide (said once)
+
     def view(self, layout: ArrayLayout, s: int, checked: Checked) -> np.ndarray | None:
+        """The shard as an array: of int16 samples or of the array's own dtype, as its
+        size says (a shard of an int16-samples array whose values were not all samples
+        was kept in its own dtype; see :meth:`fill`)."""
+        shape = shard_shape(layout, s)
+        dtype = layout.dtype
+        if layout.int16_samples and len(checked.payload) == 2 * int(np.prod(shape)):
+            dtype = layout.ram_dtype
         try:
-            return np.frombuffer(checked.payload, dtype=layout.dtype).reshape(
-                shard_shape(layout, s)
-            )
+            return np.frombuffer(checked.payload, dtype=dtype).reshape(shape)
         except ValueError:
             return None
 
     def nbytes(self, layout: ArrayLayout, s: int) -> int:
-        return int(np.prod(shard_shape(layout, s))) * layout.dtype.itemsize
+        return int(np.prod(shard_shape(layout, s))) * layout.ram_dtype.itemsize
 
     def read(self, layout: ArrayLayout, s: int, got: Mapped, span: Span) -> Pieces | None:
         """Check the blocks of the mapped shard this span reads (once per process)."""
@@ -254,13 +270,39 @@ class DecodedShards(ShardForm):
         chunks = scratch_chunks(self.source, need, raw)
         pieces: Pieces = {}
         for layout, s, _, key in todo:
-            shard = scratch(shard_shape(layout, s), layout.dtype)
-            for k in range(-(-shard.shape[layout.time_axis] // layout.chunk)):
-                copy_time(shard, k * layout.chunk, next(chunks), layout.time_axis)
+            shard = scratch(shard_shape(layout, s), layout.ram_dtype)
+            axis = layout.time_axis
+            for k in range(-(-shard.shape[axis] // layout.chunk)):
+                chunk = next(chunks)
+                if shard.dtype == chunk.dtype:
+                    copy_time(shard, k * layout.chunk, chunk, axis)
+                elif not narrow_time(shard, k * layout.chunk, chunk, axis):
+                    shard = self._widened(layout, shard, k * layout.chunk)
+                    copy_time(shard, k * layout.chunk, chunk, axis)
             self.ram.put(key, shard, blocked=True)
             pieces[(layout.path, s)] = (s * layout.shard, shard)
         del chunks  # the fetched bytes go with it, before the heap is trimmed
         return pieces
+
+    def _widened(self, layout: ArrayLayout, shard: np.ndarray, done: int) -> np.ndarray:
+        """A chunk of an int16-samples array held a value that is not a sample: the
+        shard is kept in the array's own dtype instead, its first ``done`` steps (all
+        samples, so exact) widened back.  Said once per array path."""
+        if layout.path not in self._wide:
+            self._wide.add(layout.path)
+            log.warning(
+                "zstore: %s: '%s' holds values that are not int16 samples, though the "
+                "store's manifest says it does; its shards are kept as %s in the RAM tier "
+                "(the values read are the stored ones either way)",
+                self.url,
+                layout.path,
+                layout.dtype,
+            )
+        wide = np.empty(shard.shape, dtype=layout.dtype)
+        part = [slice(None)] * shard.ndim
+        part[layout.time_axis] = slice(0, done)
+        widen(wide[tuple(part)], shard[tuple(part)])
+        return wide
 
 
 class EncodedShards(ShardForm):

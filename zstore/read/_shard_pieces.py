@@ -19,6 +19,7 @@ import numpy as np
 
 from zstore.format import ArrayLayout, Span
 from zstore.read._chunks import ChunkSource
+from zstore.read.streamcopy import narrow
 
 SCRATCH_MMAP = 2**20  # decoded shards from this size up are built outside the heap
 #: Decoded chunk bytes after which the reader trims the heap (then counts again).
@@ -117,6 +118,16 @@ def copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> None:
     s = [slice(None)] * dst.ndim
     d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
     dst[tuple(d)] = src[tuple(s)]
+
+
+def narrow_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> bool:
+    """:func:`copy_time` of a float chunk of int16 samples into an int16 shard
+    (``streamcopy.narrow``); False when a value is not a sample."""
+    n = min(src.shape[axis], dst.shape[axis] - offset)
+    d = [slice(None)] * dst.ndim
+    s = [slice(None)] * dst.ndim
+    d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
+    return narrow(dst[tuple(d)], src[tuple(s)])
 
 
 def scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

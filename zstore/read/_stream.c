@@ -328,6 +328,218 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* narrow(dst, src): a float array of int16 samples (x / 32768) as those int16 samples,
+ * for the RAM tier's decoded shards (half or a quarter of the bytes); True when every
+ * value is exactly one, so that widening dst again (x * 2**-15) gives src bit for bit.
+ * False when one is not (NaN, inf, -0.0, a fraction, or outside [-32768, 32767]
+ * samples): dst is then unfinished.  One pass (SSE2 on x86-64); numpy needs three
+ * (convert, convert back, compare). */
+#define ZS_NARROW(NAME, T, U)                                                              \
+    static int NAME(int16_t *d, const T *s, size_t n) {                                    \
+        U bad = 0;                                                                         \
+        for (size_t i = 0; i < n; i++) {                                                   \
+            T v = s[i] * (T)32768;                                                         \
+            int ok = v >= (T)-32768 && v <= (T)32767;                                      \
+            int32_t q = (int32_t)(ok ? v : (T)0);                                          \
+            T back = (T)q;                                                                 \
+            U bv, bb;                                                                      \
+            memcpy(&bv, &v, sizeof bv);                                                    \
+            memcpy(&bb, &back, sizeof bb);                                                 \
+            bad |= (bv ^ bb) | (U)!ok;                                                     \
+            d[i] = (int16_t)q;                                                             \
+        }                                                                                  \
+        return bad == 0;                                                                   \
+    }
+
+ZS_NARROW(narrow_f32_tail, float, uint32_t)
+ZS_NARROW(narrow_f64, double, uint64_t)
+
+static int narrow_f32(int16_t *d, const float *s, size_t n) {
+    size_t i = 0;
+#ifdef ZS_STREAM
+    const __m128 scale = _mm_set1_ps(32768.0f), lo = _mm_set1_ps(-32768.0f),
+                 hi = _mm_set1_ps(32767.0f);
+    __m128i bad = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+        __m128 a = _mm_mul_ps(_mm_loadu_ps(s + i), scale);
+        __m128 b = _mm_mul_ps(_mm_loadu_ps(s + i + 4), scale);
+        /* outside the range (NaN too: both compares false) */
+        __m128 ok = _mm_and_ps(_mm_and_ps(_mm_cmpge_ps(a, lo), _mm_cmple_ps(a, hi)),
+                               _mm_and_ps(_mm_cmpge_ps(b, lo), _mm_cmple_ps(b, hi)));
+        __m128i qa = _mm_cvttps_epi32(a), qb = _mm_cvttps_epi32(b);
+        /* not a whole sample, or -0.0: the bits differ once converted back */
+        bad = _mm_or_si128(bad, _mm_xor_si128(_mm_castps_si128(_mm_cvtepi32_ps(qa)),
+                                              _mm_castps_si128(a)));
+        bad = _mm_or_si128(bad, _mm_xor_si128(_mm_castps_si128(_mm_cvtepi32_ps(qb)),
+                                              _mm_castps_si128(b)));
+        bad = _mm_or_si128(bad, _mm_andnot_si128(_mm_castps_si128(ok), _mm_set1_epi32(-1)));
+        _mm_storeu_si128((__m128i *)(d + i), _mm_packs_epi32(qa, qb));
+    }
+    if (_mm_movemask_epi8(_mm_cmpeq_epi8(bad, _mm_setzero_si128())) != 0xFFFF)
+        return 0;
+#endif
+    return narrow_f32_tail(d + i, s + i, n - i);
+}
+
+static int narrow_rows(char *dst, const char *src, int ndim, const Py_ssize_t *shape,
+                       const Py_ssize_t *ds, const Py_ssize_t *ss, int wide) {
+    if (ndim <= 1) {
+        size_t n = ndim ? (size_t)shape[0] : 1;
+        return wide == 4 ? narrow_f32((int16_t *)dst, (const float *)src, n)
+                         : narrow_f64((int16_t *)dst, (const double *)src, n);
+    }
+    for (Py_ssize_t k = 0; k < shape[0]; k++)
+        if (!narrow_rows(dst + k * ds[0], src + k * ss[0], ndim - 1, shape + 1, ds + 1, ss + 1,
+                         wide))
+            return 0;
+    return 1;
+}
+
+static int is_float(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    return (strcmp(f, "f") == 0 && v->itemsize == 4) || (strcmp(f, "d") == 0 && v->itemsize == 8);
+}
+
+static int is_int16(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    return strcmp(f, "h") == 0 && v->itemsize == 2;
+}
+
+/* The buffers of narrow's or widen's dst and src: the same shape, the last axis
+ * contiguous, one side int16 and the other float32 or float64 (``to_int16``: dst is the
+ * int16 one).  0, or -1 with the error set and nothing held. */
+static int sample_pair(PyObject *dst_obj, PyObject *src_obj, Py_buffer *dst, Py_buffer *src,
+                       int to_int16) {
+    if (PyObject_GetBuffer(dst_obj, dst, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(src_obj, src, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(dst);
+        return -1;
+    }
+    const Py_buffer *narrow_side = to_int16 ? dst : src, *wide_side = to_int16 ? src : dst;
+    const char *problem = NULL;
+    if (!is_int16(narrow_side) || !is_float(wide_side))
+        problem = to_int16 ? "narrow: float32 or float64 src into int16 dst only"
+                           : "widen: int16 src into float32 or float64 dst only";
+    else if (dst->ndim != src->ndim || dst->ndim > ZS_MAX_DIMS)
+        problem = "narrow, widen: dst and src differ in dimensions";
+    for (int k = 0; !problem && k < dst->ndim; k++)
+        if (dst->shape[k] != src->shape[k])
+            problem = "narrow, widen: dst and src differ in shape";
+    if (!problem && dst->ndim > 0 &&
+        (dst->strides[dst->ndim - 1] != dst->itemsize ||
+         src->strides[src->ndim - 1] != src->itemsize))
+        problem = "narrow, widen: the last axis of dst and src must be contiguous";
+    if (problem) {
+        PyBuffer_Release(dst);
+        PyBuffer_Release(src);
+        PyErr_SetString(PyExc_ValueError, problem);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *narrow(PyObject *self, PyObject *args) {
+    PyObject *dst_obj, *src_obj;
+    if (!PyArg_ParseTuple(args, "OO:narrow", &dst_obj, &src_obj))
+        return NULL;
+    Py_buffer dst, src;
+    if (sample_pair(dst_obj, src_obj, &dst, &src, 1) < 0)
+        return NULL;
+    int exact = 1, empty = 0;
+    for (int k = 0; k < dst.ndim; k++)
+        empty |= dst.shape[k] == 0;
+    if (!empty) {
+        Py_BEGIN_ALLOW_THREADS
+        exact = narrow_rows((char *)dst.buf, (const char *)src.buf, dst.ndim, dst.shape,
+                            dst.strides, src.strides, (int)src.itemsize);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return PyBool_FromLong(exact);
+}
+
+/* widen(dst, src, stream_min): int16 samples into the float32 or float64 values they
+ * stand for (x * 2**-15, exact), rows of stream_min bytes of dst or more with
+ * non-temporal stores (a batch slot read later): what narrow() kept in the RAM tier,
+ * copied out of a window.  Half the bytes of a float copy are read. */
+static void widen_f32(float *d, const int16_t *s, size_t n, int stream) {
+    const float k = 1.0f / 32768.0f;
+    size_t i = 0;
+#ifdef ZS_STREAM
+    const __m128 kv = _mm_set1_ps(k);
+    if (stream)
+        for (; i < n && ((uintptr_t)(d + i) & 15); i++)
+            d[i] = (float)s[i] * k;
+    for (; i + 8 <= n; i += 8) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128 lo = _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(x, x), 16)), kv);
+        __m128 hi = _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(x, x), 16)), kv);
+        if (stream) {
+            _mm_stream_ps(d + i, lo);
+            _mm_stream_ps(d + i + 4, hi);
+        } else {
+            _mm_storeu_ps(d + i, lo);
+            _mm_storeu_ps(d + i + 4, hi);
+        }
+    }
+#else
+    (void)stream;
+#endif
+    for (; i < n; i++)
+        d[i] = (float)s[i] * k;
+}
+
+static void widen_f64(double *d, const int16_t *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        d[i] = (double)s[i] * (1.0 / 32768.0);
+}
+
+static void widen_rows(char *dst, const char *src, int ndim, const Py_ssize_t *shape,
+                       const Py_ssize_t *ds, const Py_ssize_t *ss, int wide, size_t stream_min) {
+    if (ndim <= 1) {
+        size_t n = ndim ? (size_t)shape[0] : 1;
+        if (wide == 4)
+            widen_f32((float *)dst, (const int16_t *)src, n, 4 * n >= stream_min);
+        else
+            widen_f64((double *)dst, (const int16_t *)src, n);
+        return;
+    }
+    for (Py_ssize_t k = 0; k < shape[0]; k++)
+        widen_rows(dst + k * ds[0], src + k * ss[0], ndim - 1, shape + 1, ds + 1, ss + 1, wide,
+                   stream_min);
+}
+
+static PyObject *widen(PyObject *self, PyObject *args) {
+    PyObject *dst_obj, *src_obj;
+    Py_ssize_t stream_min;
+    if (!PyArg_ParseTuple(args, "OOn:widen", &dst_obj, &src_obj, &stream_min))
+        return NULL;
+    Py_buffer dst, src;
+    if (sample_pair(dst_obj, src_obj, &dst, &src, 0) < 0)
+        return NULL;
+    int empty = 0;
+    for (int k = 0; k < dst.ndim; k++)
+        empty |= dst.shape[k] == 0;
+    if (!empty) {
+        Py_BEGIN_ALLOW_THREADS
+        widen_rows((char *)dst.buf, (const char *)src.buf, dst.ndim, dst.shape, dst.strides,
+                   src.strides, (int)dst.itemsize, (size_t)stream_min);
+#ifdef ZS_STREAM
+        _mm_sfence();
+#endif
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+}
+
 /* stores() names the stores in use; use(name) picks "sse2" or "avx512" (where the CPU has
  * it), for tests of both paths. */
 static PyObject *stores(PyObject *self, PyObject *args) {
@@ -366,6 +578,12 @@ static PyMethodDef methods[] = {
      "gather(dsts, srcs, parts, pads, axis, stream_min): spans of srcs into dsts along "
      "axis, rows (dst, src, lo, n, at) of the int64 table parts; zeros from at to the end "
      "for rows (dst, at) of pads; rows of stream_min bytes or more streamed."},
+    {"narrow", narrow, METH_VARARGS,
+     "narrow(dst, src): float src (int16 samples x / 32768) into int16 dst as samples; "
+     "True when every value is exactly one (else dst is unfinished)."},
+    {"widen", widen, METH_VARARGS,
+     "widen(dst, src, stream_min): int16 samples src into float dst (x * 2**-15, exact); "
+     "rows of stream_min bytes or more streamed."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "zstore._stream",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -65,7 +66,7 @@ from zstore.read._shard_pieces import (
     reused_scratch,
 )
 from zstore.read._zarr_store import CachedStore
-from zstore.read.streamcopy import copy_streamed
+from zstore.read.streamcopy import copy_streamed, widen
 from zstore.urls import is_url
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
@@ -193,7 +194,7 @@ class WindowReader:
         """Settle ``ram_format`` for this store and size the tiers' admission periods."""
         tiers: TieredCache = self.tiers  # type: ignore[assignment]
         sizes = field_sizes(self.manifest, self._metas, self.fields)
-        choice = choose_format(resolved, sizes.decoded_bytes, sizes.stored_bytes)
+        choice = choose_format(resolved, sizes.ram_bytes, sizes.stored_bytes)
         tiers.ram_format = choice.format
         # Halve the access counts every few passes over the values (see cache.admission).
         if tiers.ram is not None:
@@ -243,11 +244,10 @@ class WindowReader:
                     raise StoreFormatError(
                         f"{self.url}: item '{item}' has no array '{name}'; check the field names"
                     ) from None
-            found = parse_array_meta(
-                path,
-                meta,
-                self.manifest.arrays[name].time_axis if name in self.manifest.arrays else None,
-            )
+            info = self.manifest.arrays.get(name)
+            found = parse_array_meta(path, meta, info.time_axis if info else None)
+            if info is not None and info.values:
+                found = dataclasses.replace(found, values=info.values)
             self._layouts[(item, name)] = found
         return found
 
@@ -601,7 +601,9 @@ def _assemble(
         src[axis] = slice(lo - offset, hi - offset)
         if isinstance(arr, Lazy):
             arr = arr.decoded()
-        if stream:
+        if arr.dtype != out.dtype:  # a RAM-tier shard of int16 samples
+            widen(out[tuple(dst)], arr[tuple(src)], stream=stream)
+        elif stream:
             copy_streamed(out[tuple(dst)], arr[tuple(src)])
         else:
             out[tuple(dst)] = arr[tuple(src)]

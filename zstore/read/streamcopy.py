@@ -24,6 +24,14 @@ try:
     from zstore.read._stream import gather as _gather
 except ImportError:  # not built, or built before gather
     _gather = None
+try:
+    from zstore.read._stream import narrow as _narrow
+    from zstore.read._stream import widen as _widen
+except ImportError:  # not built, or built before narrow and widen
+    _narrow = _widen = None
+
+#: int16 samples to the float values they stand for (exact: a power of two)
+SAMPLE = 2.0**-15
 
 STREAM_ROW_BYTES = 16 * 1024  # shorter contiguous runs are copied the usual way
 
@@ -81,3 +89,46 @@ def copy_streamed(dst: np.ndarray, src: np.ndarray) -> None:
             _stream_copy(dst, src)
             return
     dst[...] = src
+
+
+def _rows(dst: np.ndarray, src: np.ndarray) -> bool:
+    """Whether the extension's narrow or widen takes ``dst`` and ``src`` (same shape,
+    the last axis contiguous); its dtype checks raise ValueError."""
+    return (
+        dst.shape == src.shape
+        and dst.ndim > 0
+        and dst.strides[-1] == dst.itemsize
+        and src.strides[-1] == src.itemsize
+    )
+
+
+def narrow(dst: np.ndarray, src: np.ndarray) -> bool:
+    """``dst[...] = src * 32768`` for a float ``src`` of int16 samples (``x / 32768``)
+    into an int16 ``dst`` of the same shape; True when every value is exactly a sample,
+    so that :func:`widen` gives ``src`` back bit for bit.  False where one is not (NaN,
+    inf, -0.0, a fraction of a sample, or outside [-32768, 32767] samples): ``dst`` is
+    then unfinished and must not be used.  The extension does it in one pass (~the time
+    of a copy); numpy in three."""
+    if _narrow is not None and _rows(dst, src):
+        return bool(_narrow(dst, src))
+    if src.dtype.kind != "f" or dst.dtype != np.int16:
+        raise ValueError(f"narrow: {src.dtype} into {dst.dtype}; float into int16 only")
+    wide = src * src.dtype.type(32768)
+    inside = (wide >= -32768) & (wide <= 32767)  # False for NaN
+    if not inside.all():
+        return False
+    np.copyto(dst, wide, casting="unsafe")
+    back = dst * src.dtype.type(SAMPLE)
+    bits = np.dtype(f"u{src.dtype.itemsize}")
+    return bool(np.array_equal(back.view(bits), src.view(bits)))  # -0.0 differs too
+
+
+def widen(dst: np.ndarray, src: np.ndarray, *, stream: bool = False) -> None:
+    """``dst[...] = src * 2**-15``: int16 samples into the float values they stand for
+    (exact); ``stream``: long rows bypass the CPU's cache (a batch slot read later).
+    Reading half the bytes of a float copy, measured as fast as a streamed float copy
+    with the extension; numpy's multiply was ~20% slower in warm epochs."""
+    if _widen is not None and _rows(dst, src):
+        _widen(dst, src, STREAM_ROW_BYTES if stream else 1 << 62)
+        return
+    np.multiply(src, dst.dtype.type(SAMPLE), out=dst)

@@ -215,3 +215,78 @@ def test_narrow_refuses_other_dtypes():
     if streamcopy._widen is not None:
         with pytest.raises(ValueError, match="int16"):
             streamcopy._widen(np.zeros(4, np.int16), np.zeros(4, np.int16), 0)
+
+
+def _short_store(tmp_path: Path) -> tuple[str, dict[str, dict]]:
+    """80 utterances of 0.2-2 s of int16 samples, packed (the short-items layout)."""
+    rng = np.random.default_rng(4)
+    data = {}
+    for i in range(80):
+        frames = int(rng.integers(20, 201))
+        wav = rng.integers(-32768, 32768, size=(1, frames * 160), dtype=np.int16)
+        act = (rng.random((2, frames)) > 0.5).astype(np.float32)
+        data[f"spk{i % 5}/utt{i:03d}"] = {"wav": wav.astype(np.float32) / 32768, "act": act}
+    h5 = write_h5(tmp_path / "short.h5", data)
+    dst = tmp_path / "short.zarr"
+    zstore.convert(h5, dst, rates=RATES, workers=1, progress=False, pack_seconds=60)
+    return str(dst), data
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_packed_short_items_of_int16_samples_read_back_bit_for_bit(
+    tmp_path, monkeypatch, extension
+):
+    """Pack groups' shards are kept as int16 too: a WindowLoader's batches (one gather
+    per field), single windows and whole items (``ds[i]``) read the stored float values,
+    cold and warm, with the extension's widening gather and with numpy's."""
+    if not extension:
+        monkeypatch.setattr(streamcopy, "_gather", None)
+        monkeypatch.setattr(streamcopy, "_widen", None)
+    store, data = _short_store(tmp_path)
+    cache = _cache(tmp_path)
+    bits = np.uint32
+    ds = zstore.WindowDataset(store, window_seconds=0.5, cache=cache, seed=2, fields=["wav"])
+    loader = zstore.WindowLoader(ds, batch_size=16, shuffle=True)
+    for _ in range(3):  # cold, then from the tier
+        for batch in loader:
+            for j, name in enumerate(batch["item"]):
+                start, n = round(float(batch["start"][j]) * 16000), int(batch["length"][j])
+                want = data[name]["wav"][:, start : start + n]
+                got = batch["wav"][j].numpy()
+                assert np.array_equal(got[:, :n].view(bits), want.view(bits)), name
+                assert not got[:, n:].any()
+        assert ds.settle(timeout=120)
+    whole = zstore.WindowDataset(store, window_seconds=None, cache=cache)
+    for i in range(len(whole)):
+        x = whole[i]
+        for key in ("wav", "act"):
+            want = data[x["item"]][key]
+            assert np.array_equal(np.asarray(x[key]).view(bits), want.view(bits)), x["item"]
+    one = zstore.WindowDataset(store, window_seconds=0.1, cache=cache, seed=1, fields=["wav"])
+    for i in range(len(one)):
+        x = one[i]
+        start, n = round(x["start"] * 16000), int(x["length"])
+        want = data[x["item"]]["wav"][:, start : start + n]
+        assert np.array_equal(np.asarray(x["wav"])[:, :n].view(bits), want.view(bits))
+    stats = zstore.cache_stats(cache)["ram"]
+    wav = sum(rec["wav"].nbytes for rec in data.values())
+    assert stats["hits"] > 0
+    # the packs as float32 take more than the items' wav (their last shards' tails);
+    # as int16 samples, with the labels, ~0.72x of it here
+    assert stats["fill_bytes"] < 0.8 * wav
+
+
+def test_gather_widens_int16_samples_into_float_slots():
+    if streamcopy._gather is None:
+        pytest.skip("the C extension is not built here")
+    samples = np.random.default_rng(3).integers(-32768, 32768, size=(2, 40000), dtype=np.int16)
+    slots = [np.full((2, 30000), 5.0, dtype=np.float32) for _ in range(2)]
+    parts = np.array([[0, 0, 10, 25000, 1], [1, 0, 0, 100, 0]], dtype=np.int64)
+    pads = np.array([[1, 100]], dtype=np.int64)
+    streamcopy.gather(slots, [samples], parts, pads, 1, stream=True)
+    assert np.array_equal(slots[0][:, 1:25001], samples[:, 10:25010] / np.float32(32768))
+    assert (slots[0][:, 0] == 5).all() and (slots[0][:, 25001:] == 5).all()
+    assert np.array_equal(slots[1][:, :100], samples[:, :100] / np.float32(32768))
+    assert not slots[1][:, 100:].any()
+    with pytest.raises(ValueError, match="dtype"):  # float into int16: refused
+        streamcopy.gather([samples], [slots[0]], np.zeros((1, 5), np.int64), pads[:0], 1)

@@ -110,10 +110,9 @@ def field_sizes(manifest: Manifest, metas: Any, fields: Sequence[str] | None = N
 
 def _ram_share(manifest: Manifest, name: str) -> float:
     """The share of array ``name``'s decoded bytes its shards take in the RAM tier: 0.5
-    for float32 int16 samples (0.25 for float64), 1 otherwise.  Pack groups (short
-    items) keep their float values, so a store with any is counted in full."""
+    for float32 int16 samples (0.25 for float64), 1 otherwise."""
     info = manifest.arrays[name]
-    if info.values != "int16" or info.dtype is None or manifest.placement is not None:
+    if info.values != "int16" or info.dtype is None:
         return 1.0
     dtype = np.dtype(info.dtype)
     return 2 / dtype.itemsize if dtype.kind == "f" and dtype.itemsize > 2 else 1.0

@@ -91,7 +91,12 @@ def packed_read(
     if arrays is None:
         return None
     for name, layout, s, part in slices:
-        out[name] = arrays[(layout.path, s)][(slice(None),) * layout.time_axis + (part,)].copy()
+        src = arrays[(layout.path, s)][(slice(None),) * layout.time_axis + (part,)]
+        out[name] = np.empty(src.shape, dtype=layout.dtype)
+        if src.dtype != layout.dtype:  # int16 samples in the tier
+            streamcopy.widen(out[name], src)
+        else:
+            out[name][...] = src
     for f in fields:  # read right away: not streamed past the CPU's cache
         streamcopy.gather(f.slots, _srcs(f, arrays), *_tables(f), f.axis, stream=False)
     return {name: out[name] for name in spans}  # in the order asked

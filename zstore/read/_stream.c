@@ -151,7 +151,11 @@ static int merge_axes(int ndim, Py_ssize_t *shape, Py_ssize_t *ds, Py_ssize_t *s
     return ndim;
 }
 
-/* dst's slice [at, at + n) along axis (src's [lo, lo + n), or zeros where src is NULL). */
+static void widen_rows(char *dst, const char *src, int ndim, const Py_ssize_t *shape,
+                       const Py_ssize_t *ds, const Py_ssize_t *ss, int wide, size_t stream_min);
+
+/* dst's slice [at, at + n) along axis (src's [lo, lo + n), or zeros where src is NULL);
+ * an int16 src into a float dst is widened (samples, x * 2**-15). */
 static void copy_span(const Py_buffer *dst, const Py_buffer *src, int axis, Py_ssize_t at,
                       Py_ssize_t lo, Py_ssize_t n, size_t stream_min) {
     Py_ssize_t shape[ZS_MAX_DIMS], ds[ZS_MAX_DIMS], ss[ZS_MAX_DIMS];
@@ -166,6 +170,10 @@ static void copy_span(const Py_buffer *dst, const Py_buffer *src, int axis, Py_s
     char *d = (char *)dst->buf + at * dst->strides[axis];
     const char *s = src == NULL ? NULL : (const char *)src->buf + lo * src->strides[axis];
     ndim = merge_axes(ndim, shape, ds, src == NULL ? NULL : ss);
+    if (src != NULL && src->itemsize != dst->itemsize) {
+        widen_rows(d, s, ndim, shape, ds, ss, (int)dst->itemsize, stream_min);
+        return;
+    }
     size_t row = (size_t)shape[ndim - 1] * (size_t)dst->itemsize;
     block_rows(d, s, ndim, shape, ds, src == NULL ? NULL : ss, row, stream_min);
 }
@@ -225,10 +233,15 @@ static int table_of(PyObject *obj, Py_buffer *view, Py_ssize_t cols, const char 
     return 0;
 }
 
+static int is_float(const Py_buffer *v);
+static int is_int16(const Py_buffer *v);
+
+/* A dst and its src of one dtype, or int16 samples into a float dst (widened). */
 static const char *same_format(const Py_buffer *a, const Py_buffer *b) {
     const char *fa = a->format ? a->format : "B", *fb = b->format ? b->format : "B";
-    if (a->itemsize != b->itemsize || strcmp(fa, fb) != 0)
-        return "gather: a dst and its src differ in dtype";
+    int widened = is_float(a) && is_int16(b);
+    if (!widened && (a->itemsize != b->itemsize || strcmp(fa, fb) != 0))
+        return "gather: a dst and its src differ in dtype (other than int16 into float)";
     if (a->ndim != b->ndim)
         return "gather: a dst and its src differ in dimensions";
     return NULL;
@@ -236,7 +249,8 @@ static const char *same_format(const Py_buffer *a, const Py_buffer *b) {
 
 /* gather(dsts, srcs, parts, pads, axis, stream_min): for each row (d, s, lo, n, at) of
  * parts, dsts[d][..., at:at + n, ...] = srcs[s][..., lo:lo + n, ...] along axis; for
- * each row (d, at) of pads, zeros in dsts[d] from at to the end of axis.  Every row is
+ * each row (d, at) of pads, zeros in dsts[d] from at to the end of axis; an int16 src of
+ * a float dst is widened (int16 samples in the RAM tier).  Every row is
  * checked before anything is written; rows of stream_min bytes or more are streamed; the
  * GIL is released while copying. */
 static PyObject *gather(PyObject *self, PyObject *args) {

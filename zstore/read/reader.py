@@ -486,6 +486,8 @@ class WindowReader:
                 packed_meta(group, name, info, self.manifest.codec, self.manifest.chunk_seconds),
                 info.time_axis,
             )
+            if info.values:
+                found = dataclasses.replace(found, values=info.values)
             self._layouts[key] = found
         return found
 

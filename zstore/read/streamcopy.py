@@ -54,7 +54,8 @@ def gather(
     s, lo, n, at)`` of the int64 table ``parts``, ``dsts[d][..., at:at+n, ...] =
     srcs[s][..., lo:lo+n, ...]``; for each row ``(d, at)`` of ``pads``, zeros in
     ``dsts[d]`` from ``at`` to the end of ``axis``.  Each dst and its srcs have one dtype
-    and the same shape off ``axis``, and the last axis of each is contiguous.  With the
+    (or int16 samples into a float dst, widened as :func:`widen` does) and the same
+    shape off ``axis``, and the last axis of each is contiguous.  With the
     extension it is one call, every row checked before anything is written (ValueError);
     measured on 1 s windows of two fields, ~5 us a window in all against ~10 with a numpy
     slice and copy per row.  ``stream``: long rows bypass the CPU's cache.  Without the
@@ -64,7 +65,11 @@ def gather(
         return
     head = (slice(None),) * axis
     for d, s, lo, n, at in parts.tolist():
-        dsts[d][(*head, slice(at, at + n))] = srcs[s][(*head, slice(lo, lo + n))]
+        dst, src = dsts[d][(*head, slice(at, at + n))], srcs[s][(*head, slice(lo, lo + n))]
+        if src.dtype != dst.dtype:
+            widen(dst, src)
+        else:
+            dst[...] = src
     for d, at in pads.tolist():
         dsts[d][(*head, slice(at, None))] = 0
 

@@ -334,7 +334,7 @@ class ArrayLayout:
     fill_value: Any
     fast: bool
     #: the array's values as the manifest records them (:attr:`ArrayInfo.values`); set
-    #: by the reader for an item's own arrays, None where unknown
+    #: by the reader for items' arrays and pack groups', None where unknown
     values: str | None = None
 
     @property

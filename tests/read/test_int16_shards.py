@@ -268,6 +268,7 @@ def test_packed_short_items_of_int16_samples_read_back_bit_for_bit(
         start, n = round(x["start"] * 16000), int(x["length"])
         want = data[x["item"]]["wav"][:, start : start + n]
         assert np.array_equal(np.asarray(x["wav"])[:, :n].view(bits), want.view(bits))
+    assert whole.settle(timeout=120) and one.settle(timeout=120)
     stats = zstore.cache_stats(cache)["ram"]
     wav = sum(rec["wav"].nbytes for rec in data.values())
     assert stats["hits"] > 0

@@ -339,11 +339,8 @@ class ArrayLayout:
 
     @property
     def int16_samples(self) -> bool:
-        """Whether this is a float array of int16 samples (``x / 32768``, as read from
-        16-bit PCM): the RAM tier keeps its decoded shards as the int16 samples, half
-        (float32) or a quarter (float64) of the bytes, widened back exactly as a window
-        is copied out (:attr:`ram_dtype`)."""
-        return self.values == "int16" and self.dtype.kind == "f" and self.dtype.itemsize > 2
+        """Whether this is a float array of int16 samples (:func:`int16_samples`)."""
+        return int16_samples(self.dtype, self.values)
 
     @property
     def ram_dtype(self) -> np.dtype:
@@ -391,8 +388,20 @@ class ArrayLayout:
         return range(start // self.chunk, (stop - 1) // self.chunk + 1)
 
 
-def parse_array_meta(path: str, meta: dict[str, Any], time_axis: int | None) -> ArrayLayout:
-    """Build an :class:`ArrayLayout` from a Zarr v3 array ``zarr.json`` document."""
+def int16_samples(dtype: np.dtype, values: str | None) -> bool:
+    """Whether an array of ``dtype`` whose values are ``values`` (the manifest's) is a
+    float array of int16 samples (``x / 32768``, as read from 16-bit PCM): the RAM tier
+    keeps its decoded shards as the int16 samples, half (float32) or a quarter (float64)
+    of the bytes, widened back exactly as a window is copied out
+    (:attr:`ArrayLayout.ram_dtype`)."""
+    return values == "int16" and dtype.kind == "f" and dtype.itemsize > 2
+
+
+def parse_array_meta(
+    path: str, meta: dict[str, Any], time_axis: int | None, values: str | None = None
+) -> ArrayLayout:
+    """Build an :class:`ArrayLayout` from a Zarr v3 array ``zarr.json`` document (and
+    the manifest's ``values`` of the array, where the caller has them)."""
     shape = tuple(int(x) for x in meta["shape"])
     ndim = len(shape)
     axis = (time_axis if time_axis is not None else -1) % max(ndim, 1) if ndim else 0
@@ -431,6 +440,7 @@ def parse_array_meta(path: str, meta: dict[str, Any], time_axis: int | None) -> 
         index_codecs=tuple(index_codecs),
         fill_value=meta.get("fill_value", 0),
         fast=bool(fast),
+        values=values,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zstore.format.layout import Manifest, geometry, parse_array_meta
+from zstore.format.layout import Manifest, geometry, int16_samples, parse_array_meta
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,10 @@ def _ram_share(manifest: Manifest, name: str) -> float:
     """The share of array ``name``'s decoded bytes its shards take in the RAM tier: 0.5
     for float32 int16 samples (0.25 for float64), 1 otherwise."""
     info = manifest.arrays[name]
-    if info.values != "int16" or info.dtype is None:
+    if info.dtype is None:
         return 1.0
     dtype = np.dtype(info.dtype)
-    return 2 / dtype.itemsize if dtype.kind == "f" and dtype.itemsize > 2 else 1.0
+    return 2 / dtype.itemsize if int16_samples(dtype, info.values) else 1.0
 
 
 def stored_objects(manifest: Manifest) -> int:

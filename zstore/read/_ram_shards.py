@@ -35,7 +35,6 @@ from zstore.read._shard_pieces import (
     chunk_pieces,
     copy_time,
     in_shard,
-    narrow_time,
     scratch,
     scratch_chunks,
     shard_shape,
@@ -274,9 +273,7 @@ class DecodedShards(ShardForm):
             axis = layout.time_axis
             for k in range(-(-shard.shape[axis] // layout.chunk)):
                 chunk = next(chunks)
-                if shard.dtype == chunk.dtype:
-                    copy_time(shard, k * layout.chunk, chunk, axis)
-                elif not narrow_time(shard, k * layout.chunk, chunk, axis):
+                if not copy_time(shard, k * layout.chunk, chunk, axis):  # not all samples
                     shard = self._widened(layout, shard, k * layout.chunk)
                     copy_time(shard, k * layout.chunk, chunk, axis)
             self.ram.put(key, shard, blocked=True)

@@ -111,23 +111,18 @@ def shard_shape(layout: ArrayLayout, s: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> None:
-    """Copy ``src`` into ``dst`` at ``offset`` along ``axis``, clipped to ``dst``."""
+def copy_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> bool:
+    """Copy ``src`` into ``dst`` at ``offset`` along ``axis``, clipped to ``dst``; a
+    float chunk of int16 samples into an int16 shard is narrowed (``streamcopy.narrow``):
+    False, ``dst``'s part unfinished, when one of its values is not a sample."""
     n = min(src.shape[axis], dst.shape[axis] - offset)
     d = [slice(None)] * dst.ndim
     s = [slice(None)] * dst.ndim
     d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
+    if dst.dtype != src.dtype:
+        return narrow(dst[tuple(d)], src[tuple(s)])
     dst[tuple(d)] = src[tuple(s)]
-
-
-def narrow_time(dst: np.ndarray, offset: int, src: np.ndarray, axis: int) -> bool:
-    """:func:`copy_time` of a float chunk of int16 samples into an int16 shard
-    (``streamcopy.narrow``); False when a value is not a sample."""
-    n = min(src.shape[axis], dst.shape[axis] - offset)
-    d = [slice(None)] * dst.ndim
-    s = [slice(None)] * dst.ndim
-    d[axis], s[axis] = slice(offset, offset + n), slice(0, n)
-    return narrow(dst[tuple(d)], src[tuple(s)])
+    return True
 
 
 def scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -91,6 +91,33 @@ static void block_rows(char *dst, const char *src, int ndim, const Py_ssize_t *s
                    ds + 1, ss == NULL ? NULL : ss + 1, row, stream_min);
 }
 
+/* A buffer's struct format without its byte-order prefix ("B" where it has none). */
+static const char *format_of(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    return (*f == '<' || *f == '=' || *f == '@') ? f + 1 : f;
+}
+
+static int is_empty(const Py_buffer *v) {
+    for (int k = 0; k < v->ndim; k++)
+        if (v->shape[k] == 0)
+            return 1;
+    return 0;
+}
+
+/* Why dst and src of one call cannot be walked row by row together (NULL: they can):
+ * the same dimensions and shape, the last axis of each contiguous. */
+static const char *pair_problem(const Py_buffer *dst, const Py_buffer *src) {
+    if (dst->ndim != src->ndim)
+        return "dst and src differ in dimensions";
+    for (int k = 0; k < dst->ndim; k++)
+        if (dst->shape[k] != src->shape[k])
+            return "dst and src differ in shape";
+    if (dst->ndim > 0 && (dst->strides[dst->ndim - 1] != dst->itemsize ||
+                          src->strides[src->ndim - 1] != src->itemsize))
+        return "the last axis of dst and src must be contiguous";
+    return NULL;
+}
+
 static PyObject *stream_copy(PyObject *self, PyObject *args) {
     PyObject *dst_obj, *src_obj;
     if (!PyArg_ParseTuple(args, "OO:stream_copy", &dst_obj, &src_obj))
@@ -102,25 +129,16 @@ static PyObject *stream_copy(PyObject *self, PyObject *args) {
         PyBuffer_Release(&dst);
         return NULL;
     }
-    const char *problem = NULL;
-    if (dst.ndim != src.ndim || dst.itemsize != src.itemsize)
-        problem = "stream_copy: dst and src differ in dimensions or item size";
-    for (int k = 0; !problem && k < dst.ndim; k++)
-        if (dst.shape[k] != src.shape[k])
-            problem = "stream_copy: dst and src differ in shape";
-    if (!problem && dst.ndim > 0 &&
-        (dst.strides[dst.ndim - 1] != dst.itemsize || src.strides[src.ndim - 1] != src.itemsize))
-        problem = "stream_copy: the last axis of dst and src must be contiguous";
+    const char *problem = dst.ndim != src.ndim || dst.itemsize != src.itemsize
+                              ? "dst and src differ in dimensions or item size"
+                              : pair_problem(&dst, &src);
     if (problem) {
         PyBuffer_Release(&dst);
         PyBuffer_Release(&src);
-        PyErr_SetString(PyExc_ValueError, problem);
+        PyErr_Format(PyExc_ValueError, "stream_copy: %s", problem);
         return NULL;
     }
-    int empty = 0;
-    for (int k = 0; k < dst.ndim; k++)
-        empty |= dst.shape[k] == 0;
-    if (!empty) {
+    if (!is_empty(&dst)) {
         size_t row = (size_t)dst.itemsize * (dst.ndim ? (size_t)dst.shape[dst.ndim - 1] : 1);
         Py_BEGIN_ALLOW_THREADS
         block_rows((char *)dst.buf, (const char *)src.buf, dst.ndim, dst.shape, dst.strides,
@@ -221,9 +239,7 @@ static Py_buffer *buffers_of(PyObject *seq, Py_ssize_t *count, int writable) {
 static int table_of(PyObject *obj, Py_buffer *view, Py_ssize_t cols, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
+    const char *f = format_of(view);
     int int64 = view->itemsize == 8 && (strcmp(f, "q") == 0 || strcmp(f, "l") == 0);
     if (!int64 || view->ndim != 2 || view->shape[1] != cols) {
         PyBuffer_Release(view);
@@ -233,8 +249,14 @@ static int table_of(PyObject *obj, Py_buffer *view, Py_ssize_t cols, const char 
     return 0;
 }
 
-static int is_float(const Py_buffer *v);
-static int is_int16(const Py_buffer *v);
+static int is_float(const Py_buffer *v) {
+    const char *f = format_of(v);
+    return (strcmp(f, "f") == 0 && v->itemsize == 4) || (strcmp(f, "d") == 0 && v->itemsize == 8);
+}
+
+static int is_int16(const Py_buffer *v) {
+    return strcmp(format_of(v), "h") == 0 && v->itemsize == 2;
+}
 
 /* A dst and its src of one dtype, or int16 samples into a float dst (widened). */
 static const char *same_format(const Py_buffer *a, const Py_buffer *b) {
@@ -409,25 +431,11 @@ static int narrow_rows(char *dst, const char *src, int ndim, const Py_ssize_t *s
     return 1;
 }
 
-static int is_float(const Py_buffer *v) {
-    const char *f = v->format ? v->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    return (strcmp(f, "f") == 0 && v->itemsize == 4) || (strcmp(f, "d") == 0 && v->itemsize == 8);
-}
-
-static int is_int16(const Py_buffer *v) {
-    const char *f = v->format ? v->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    return strcmp(f, "h") == 0 && v->itemsize == 2;
-}
-
-/* The buffers of narrow's or widen's dst and src: the same shape, the last axis
- * contiguous, one side int16 and the other float32 or float64 (``to_int16``: dst is the
- * int16 one).  0, or -1 with the error set and nothing held. */
+/* The buffers of narrow's or widen's dst and src (``name``): the same shape, the last
+ * axis contiguous, one side int16 and the other float32 or float64 (``to_int16``: dst is
+ * the int16 one).  0, or -1 with the error set and nothing held. */
 static int sample_pair(PyObject *dst_obj, PyObject *src_obj, Py_buffer *dst, Py_buffer *src,
-                       int to_int16) {
+                       int to_int16, const char *name) {
     if (PyObject_GetBuffer(dst_obj, dst, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
         return -1;
     if (PyObject_GetBuffer(src_obj, src, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
@@ -437,21 +445,16 @@ static int sample_pair(PyObject *dst_obj, PyObject *src_obj, Py_buffer *dst, Py_
     const Py_buffer *narrow_side = to_int16 ? dst : src, *wide_side = to_int16 ? src : dst;
     const char *problem = NULL;
     if (!is_int16(narrow_side) || !is_float(wide_side))
-        problem = to_int16 ? "narrow: float32 or float64 src into int16 dst only"
-                           : "widen: int16 src into float32 or float64 dst only";
-    else if (dst->ndim != src->ndim || dst->ndim > ZS_MAX_DIMS)
-        problem = "narrow, widen: dst and src differ in dimensions";
-    for (int k = 0; !problem && k < dst->ndim; k++)
-        if (dst->shape[k] != src->shape[k])
-            problem = "narrow, widen: dst and src differ in shape";
-    if (!problem && dst->ndim > 0 &&
-        (dst->strides[dst->ndim - 1] != dst->itemsize ||
-         src->strides[src->ndim - 1] != src->itemsize))
-        problem = "narrow, widen: the last axis of dst and src must be contiguous";
+        problem = to_int16 ? "float32 or float64 src into int16 dst only"
+                           : "int16 src into float32 or float64 dst only";
+    else if (dst->ndim > ZS_MAX_DIMS)
+        problem = "dst and src have too many dimensions";
+    else
+        problem = pair_problem(dst, src);
     if (problem) {
         PyBuffer_Release(dst);
         PyBuffer_Release(src);
-        PyErr_SetString(PyExc_ValueError, problem);
+        PyErr_Format(PyExc_ValueError, "%s: %s", name, problem);
         return -1;
     }
     return 0;
@@ -462,12 +465,10 @@ static PyObject *narrow(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO:narrow", &dst_obj, &src_obj))
         return NULL;
     Py_buffer dst, src;
-    if (sample_pair(dst_obj, src_obj, &dst, &src, 1) < 0)
+    if (sample_pair(dst_obj, src_obj, &dst, &src, 1, "narrow") < 0)
         return NULL;
-    int exact = 1, empty = 0;
-    for (int k = 0; k < dst.ndim; k++)
-        empty |= dst.shape[k] == 0;
-    if (!empty) {
+    int exact = 1;
+    if (!is_empty(&dst)) {
         Py_BEGIN_ALLOW_THREADS
         exact = narrow_rows((char *)dst.buf, (const char *)src.buf, dst.ndim, dst.shape,
                             dst.strides, src.strides, (int)src.itemsize);
@@ -535,12 +536,9 @@ static PyObject *widen(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOn:widen", &dst_obj, &src_obj, &stream_min))
         return NULL;
     Py_buffer dst, src;
-    if (sample_pair(dst_obj, src_obj, &dst, &src, 0) < 0)
+    if (sample_pair(dst_obj, src_obj, &dst, &src, 0, "widen") < 0)
         return NULL;
-    int empty = 0;
-    for (int k = 0; k < dst.ndim; k++)
-        empty |= dst.shape[k] == 0;
-    if (!empty) {
+    if (!is_empty(&dst)) {
         Py_BEGIN_ALLOW_THREADS
         widen_rows((char *)dst.buf, (const char *)src.buf, dst.ndim, dst.shape, dst.strides,
                    src.strides, (int)dst.itemsize, (size_t)stream_min);

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import dataclasses
 import functools
 import json
 import math
@@ -245,9 +244,9 @@ class WindowReader:
                         f"{self.url}: item '{item}' has no array '{name}'; check the field names"
                     ) from None
             info = self.manifest.arrays.get(name)
-            found = parse_array_meta(path, meta, info.time_axis if info else None)
-            if info is not None and info.values:
-                found = dataclasses.replace(found, values=info.values)
+            found = parse_array_meta(
+                path, meta, info.time_axis if info else None, info.values if info else None
+            )
             self._layouts[(item, name)] = found
         return found
 
@@ -485,9 +484,8 @@ class WindowReader:
                 group.array_path(name),
                 packed_meta(group, name, info, self.manifest.codec, self.manifest.chunk_seconds),
                 info.time_axis,
+                info.values,
             )
-            if info.values:
-                found = dataclasses.replace(found, values=info.values)
             self._layouts[key] = found
         return found
 

@@ -195,8 +195,9 @@ def write(results: list[dict[str, Any]], sizes: Any, budget: int, docs: str) -> 
         f"{later:.1%} | {'yes' if later <= 0.02 else 'NO'} |",
         "",
         f"Sizing: with M nodes of RAM budget B, the corpus the cluster keeps warm is "
-        f"about M x B (here {NODES} x {budget / 1e6:.0f} MB against "
-        f"{sizes.decoded_bytes / 1e6:.0f} MB decoded).",
+        f"about M x B of its RAM form, where int16 samples take half their float bytes "
+        f"(here {NODES} x {budget / 1e6:.0f} MB against {sizes.decoded_bytes / 1e6:.0f} MB "
+        f"decoded, {(sizes.ram_bytes or sizes.decoded_bytes) / 1e6:.0f} MB in RAM).",
         "",
         MARK_END,
     ]

@@ -26,6 +26,7 @@ from zstore.format import EMPTY, ArrayLayout, Span, decode_chunk, strip_crc
 from zstore.origin import describe
 from zstore.read._builds import MAX_AT_HAND_BYTES, BehindBuilds, ByteBudget
 from zstore.read._chunks import ChunkSource
+from zstore.read._fill_chunks import FillChunks
 from zstore.read._maps import Mapped, MappedValues
 from zstore.read._shard_fills import ShardFills
 from zstore.read._shard_pieces import (
@@ -73,6 +74,11 @@ class ShardForm(ShardFills, abc.ABC):
         #: the builder thread's own chunk source: it fetches without the readers' lock
         self.builder_source = ChunkSource(
             source.url, source.origin, source.tiers, source.fetch, source.complete
+        )
+        #: chunks the queued fills hold, which this process's reads take from memory,
+        #: and the fetches of their other chunks behind the reads (a source of its own)
+        self.fill_chunks = FillChunks(
+            ChunkSource(source.url, source.origin, source.tiers, source.fetch, source.complete)
         )
         # tier keys by (array path, shard): a batch of short windows looks up ~50 shards
         self._keys: dict[tuple[str, int], str] = {}

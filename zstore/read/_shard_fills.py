@@ -39,8 +39,9 @@ class ShardFills(ShardBuilds):
         this one's builder) holds, or that finds the queue full, is read from its chunks
         and asked for again on its next read; chunks a queued fill of this process holds
         are taken from it (:mod:`zstore.read._fill_chunks`).  All of these chunks are
-        fetched in one round, with the built shards' other chunks from a remote origin
-        read by ranges (``zstore cache warm`` builds inline instead: _build_inline)."""
+        fetched in one round; from a remote origin read by ranges the built shards'
+        other chunks follow at once, behind the reads (``zstore cache warm`` builds
+        inline instead: _build_inline)."""
         pieces: Pieces = {}
         around: Plan = []
         todo: list[tuple[ArrayLayout, int, Span, str]] = []

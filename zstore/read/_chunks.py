@@ -56,6 +56,11 @@ class ChunkSource:
             else None
         )
 
+    def for_thread(self) -> ChunkSource:
+        """A source of the same store, with its own shard indexes, for another thread
+        (a source is used by one thread at a time)."""
+        return ChunkSource(self.url, self.origin, self.tiers, self.fetch, self.complete)
+
     def _missing(self, obj: str, what: str) -> MissingDataError:
         return missing_error(self.url, obj, what)
 

@@ -93,10 +93,7 @@ def packed_read(
     for name, layout, s, part in slices:
         src = arrays[(layout.path, s)][(slice(None),) * layout.time_axis + (part,)]
         out[name] = np.empty(src.shape, dtype=layout.dtype)
-        if src.dtype != layout.dtype:  # int16 samples in the tier
-            streamcopy.widen(out[name], src)
-        else:
-            out[name][...] = src
+        streamcopy.copy_values(out[name], src)  # int16 samples in the tier widened
     for f in fields:  # read right away: not streamed past the CPU's cache
         streamcopy.gather(f.slots, _srcs(f, arrays), *_tables(f), f.axis, stream=False)
     return {name: out[name] for name in spans}  # in the order asked

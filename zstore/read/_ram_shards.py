@@ -72,14 +72,10 @@ class ShardForm(ShardFills, abc.ABC):
         #: bytes of shard objects in memory that queued fills hold (see _hand_off)
         self.at_hand = ByteBudget(MAX_AT_HAND_BYTES)
         #: the builder thread's own chunk source: it fetches without the readers' lock
-        self.builder_source = ChunkSource(
-            source.url, source.origin, source.tiers, source.fetch, source.complete
-        )
+        self.builder_source = source.for_thread()
         #: chunks the queued fills hold, which this process's reads take from memory,
         #: and the fetches of their other chunks behind the reads (a source of its own)
-        self.fill_chunks = FillChunks(
-            ChunkSource(source.url, source.origin, source.tiers, source.fetch, source.complete)
-        )
+        self.fill_chunks = FillChunks(source.for_thread())
         # tier keys by (array path, shard): a batch of short windows looks up ~50 shards
         self._keys: dict[tuple[str, int], str] = {}
 

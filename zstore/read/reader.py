@@ -65,7 +65,7 @@ from zstore.read._shard_pieces import (
     reused_scratch,
 )
 from zstore.read._zarr_store import CachedStore
-from zstore.read.streamcopy import copy_streamed, widen
+from zstore.read.streamcopy import copy_values
 from zstore.urls import is_url
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
@@ -601,12 +601,7 @@ def _assemble(
         src[axis] = slice(lo - offset, hi - offset)
         if isinstance(arr, Lazy):
             arr = arr.decoded()
-        if arr.dtype != out.dtype:  # a RAM-tier shard of int16 samples
-            widen(out[tuple(dst)], arr[tuple(src)], stream=stream)
-        elif stream:
-            copy_streamed(out[tuple(dst)], arr[tuple(src)])
-        else:
-            out[tuple(dst)] = arr[tuple(src)]
+        copy_values(out[tuple(dst)], arr[tuple(src)], stream=stream)
         parts.append((lo, hi))
     covered = _covered(parts)
     if covered != span.stop - span.start:  # never hand out np.empty's leftover memory

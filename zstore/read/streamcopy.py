@@ -65,11 +65,7 @@ def gather(
         return
     head = (slice(None),) * axis
     for d, s, lo, n, at in parts.tolist():
-        dst, src = dsts[d][(*head, slice(at, at + n))], srcs[s][(*head, slice(lo, lo + n))]
-        if src.dtype != dst.dtype:
-            widen(dst, src)
-        else:
-            dst[...] = src
+        copy_values(dsts[d][(*head, slice(at, at + n))], srcs[s][(*head, slice(lo, lo + n))])
     for d, at in pads.tolist():
         dsts[d][(*head, slice(at, None))] = 0
 
@@ -94,6 +90,18 @@ def copy_streamed(dst: np.ndarray, src: np.ndarray) -> None:
             _stream_copy(dst, src)
             return
     dst[...] = src
+
+
+def copy_values(dst: np.ndarray, src: np.ndarray, *, stream: bool = False) -> None:
+    """``dst[...] = src`` (same shape), where a RAM-tier shard of int16 samples in
+    ``src`` is widened into the float ``dst`` (:func:`widen`); ``stream``: long rows
+    bypass the CPU's cache (:func:`copy_streamed`)."""
+    if src.dtype != dst.dtype:
+        widen(dst, src, stream=stream)
+    elif stream:
+        copy_streamed(dst, src)
+    else:
+        dst[...] = src
 
 
 def _rows(dst: np.ndarray, src: np.ndarray) -> bool:

@@ -5,6 +5,7 @@ thread under the node's lock, and nothing waits for it (issue #28)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -123,6 +124,50 @@ def test_a_queued_fill_fetches_its_shards_at_once_and_reads_take_them_from_memor
     for name in SPANS:
         np.testing.assert_array_equal(again[name], got[name])
     assert zstore.cache_stats(cfg)["ram"]["hits"] > hits and fs.requests == requests
+
+
+def test_a_chunk_never_written_takes_nothing_of_the_at_hand_budget(
+    small_store, tmp_path, held_fills, monkeypatch
+):
+    """A store of another writer leaves chunks of fill values out of a shard (zarr's
+    default); the fetch of a queued fill's other chunks counts what it fetches against
+    the process's at-hand bytes, and such a chunk fetches nothing, so it counts nothing
+    (it counted its decoded size)."""
+    from conftest import edit_header
+
+    started, release = held_fills
+    fetches: list[RestFetch] = []
+    made = RestFetch.__init__
+
+    def recorded(self):
+        made(self)
+        fetches.append(self)
+
+    monkeypatch.setattr(RestFetch, "__init__", recorded)
+    store = tmp_path / "other.zarr"
+    shutil.copytree(small_store, store)
+    edit_header(store, lambda h: {k: v for k, v in h.items() if k != "all_chunks_written"})
+    wav = zarr.open_array(str(store / ITEM / "wav"), mode="r+")
+    step = wav.chunks[-1]
+    wav[:, (wav.shape[-1] - 1) // step * step :] = 0  # the last chunk: left out by zarr
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    reader = WindowReader(str(store), cache=cfg, origin_fs=ModelledFileSystem()).open()
+    reader.start_builds()
+
+    got = reader.read(ITEM, SPANS)
+    assert started.wait(120) and fetches
+    assert all(f.done.wait(120) for f in fetches)
+    got_back = {key: r for f in fetches for key, r in f.got.items()}
+    last = (f"{ITEM}/wav", (wav.shape[-1] - 1) // step)
+    assert got_back[last] == (None, None)  # fetched with the rest: nothing to fetch
+    fetched = sum(len(data) for _, data in got_back.values() if data is not None)
+    assert sum(f.nbytes for f in fetches) == fetched
+    release.set()
+    assert reader.settle(timeout=120)
+    assert reader.form.at_hand.used == 0
+    whole = reader.read(ITEM, {"wav": Span(0, wav.shape[-1])})["wav"]
+    np.testing.assert_array_equal(whole, wav[...])
+    np.testing.assert_array_equal(got["wav"], wav[:, SPANS["wav"].start : SPANS["wav"].stop])
 
 
 def test_a_fill_that_fails_lets_go_of_its_chunks(small_store, tmp_path, monkeypatch, caplog):

@@ -99,10 +99,10 @@ class ShardFills(ShardBuilds):
     ) -> tuple[list[Chunk], int]:
         """The chunks of ``todo``'s shards not in ``have``, to fetch behind the reads now
         (:mod:`zstore.read._fill_chunks`), and their bytes by the shard ``indexes``
-        (decoded bytes where a shard's is not there).  None while the builds are held
-        (the node's first batches are read with nothing beside them), nor where the
-        store is local (the fill's reads are page-cache copies) or read by whole shard
-        objects."""
+        (decoded bytes where a shard's is not there; none for a chunk never written,
+        which is not fetched).  None while the builds are held (the node's first
+        batches are read with nothing beside them), nor where the store is local (the
+        fill's reads are page-cache copies) or read by whole shard objects."""
         if (
             not todo
             or self.behind.held
@@ -118,8 +118,10 @@ class ShardFills(ShardBuilds):
                 if (layout.path, k) in have:
                     continue
                 rest.append((layout, k))
-                size = None if index is None else int(index[k % layout.chunks_per_shard][1])
-                nbytes += layout.chunk_nbytes if size is None or size == EMPTY else size
+                if index is None:
+                    nbytes += layout.chunk_nbytes
+                elif (entry := index[k % layout.chunks_per_shard])[0] != EMPTY:
+                    nbytes += int(entry[1])
         return rest, nbytes
 
     def _hand_off(

@@ -28,10 +28,10 @@ def fill_same_key(tier_dir: str, budget: int, barrier, rounds: int, queue) -> No
 
 def write_then_hang(tier_dir: str, ready_file: str) -> None:
     """Start a put, write half the value file, tell the parent, then wait to be killed."""
-    from zstore.cache import tier as tier_module
+    from zstore.cache import _tier_files, tier
     from zstore.cache._stats import Stats
 
-    original = tier_module._Disk._write
+    original = _tier_files.TierDisk._write
 
     def half_write(self, full_path, iterator, mode, encoding=None):
         data = b"".join(iterator)
@@ -44,8 +44,8 @@ def write_then_hang(tier_dir: str, ready_file: str) -> None:
         signal.pause()  # the parent SIGKILLs us here, mid-write
         return original(self, full_path, iter([data]), mode, encoding)
 
-    tier_module._Disk._write = half_write
-    t = tier_module.Tier("ram", tier_dir, 64 * 2**20, Stats(None))
+    _tier_files.TierDisk._write = half_write
+    t = tier.Tier("ram", tier_dir, 64 * 2**20, Stats(None))
     t.put("victim", b"v" * 1_000_000)
     sys.exit(3)  # never reached
 

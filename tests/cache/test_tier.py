@@ -363,11 +363,11 @@ def test_stats_aggregate_over_processes_and_clear(tmp_path):
 def _spy_on_stores(monkeypatch, tier: Tier) -> tuple[list[tuple[str, bool]], threading.Event]:
     """(type of value, whether inside the index's transaction) of each file write, and
     an event set after the first."""
-    from zstore.cache.tier import _Disk
+    from zstore.cache._tier_files import TierDisk
 
     seen: list[tuple[str, bool]] = []
     stored = threading.Event()
-    real = _Disk.store
+    real = TierDisk.store
 
     def store(self, value, read, key=None):
         seen.append((type(value).__name__, tier._cache._txn_id is not None))
@@ -376,7 +376,7 @@ def _spy_on_stores(monkeypatch, tier: Tier) -> tuple[list[tuple[str, bool]], thr
         finally:
             stored.set()
 
-    monkeypatch.setattr(_Disk, "store", store)
+    monkeypatch.setattr(TierDisk, "store", store)
     return seen, stored
 
 
@@ -425,18 +425,18 @@ def test_a_value_file_swept_before_its_row_is_written_again(tmp_path, monkeypatc
     """A file written before its index transaction has no row until the commit; a sweep
     that took it for a killed writer's (it waited over a minute for the index) must not
     leave a row without a file: the insert writes it again."""
-    from zstore.cache.tier import _Disk, _Written
+    from zstore.cache._tier_files import TierDisk, Written
 
     tier = Tier("ssd", str(tmp_path / "t"), 2**26, Stats(None), admission=True)
-    real = _Disk.store
+    real = TierDisk.store
 
     def store_then_sweep(self, value, read, key=None):
         out = real(self, value, read, key=key)
-        if tier._cache._txn_id is None and not isinstance(value, _Written):
+        if tier._cache._txn_id is None and not isinstance(value, Written):
             os.unlink(self.last_path)  # written early, then swept before its transaction
         return out
 
-    monkeypatch.setattr(_Disk, "store", store_then_sweep)
+    monkeypatch.setattr(TierDisk, "store", store_then_sweep)
     value = os.urandom(100_000)
     assert tier.put("k", value)
     monkeypatch.undo()

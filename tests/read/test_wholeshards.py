@@ -430,18 +430,18 @@ def test_whole_shards_written_around_the_page_cache_read_back_right(
     """Whole shards of DIRECT_MIN bytes and more reach the SSD tier by direct writes (this
     store's shards are smaller: the bound is lowered here), and windows read from them
     in a fresh reader equal the store's."""
-    import zstore.cache.tier as tier_module
+    import zstore.cache._tier_files as tier_files
 
     direct = []
-    real = tier_module.write_direct
+    real = tier_files.write_direct
 
     def counted(path, parts, *args):
         got = real(path, parts, *args)
         direct.append(got)
         return got
 
-    monkeypatch.setattr(tier_module, "DIRECT_MIN", 4096)
-    monkeypatch.setattr(tier_module, "write_direct", counted)
+    monkeypatch.setattr(tier_files, "DIRECT_MIN", 4096)
+    monkeypatch.setattr(tier_files, "write_direct", counted)
     cfg = ssd_only(tmp_path, fetch="shard")
     root = zarr.open_group(small_store, mode="r")
     first = WindowReader(small_store, cache=cfg)

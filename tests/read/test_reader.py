@@ -10,9 +10,9 @@ import zarr
 from conftest import edit_header, write_h5
 
 import zstore
-import zstore.read._chunks
+import zstore.read._origin_fetch
 from zstore.format.layout import MANIFEST_ATTR, Span
-from zstore.read._chunks import COALESCE_BYTES, coalesce
+from zstore.read._origin_fetch import COALESCE_BYTES, coalesce
 from zstore.read.reader import WindowReader
 from zstore.testing import ModelledFileSystem
 
@@ -179,7 +179,7 @@ def test_auto_fetch_reads_whole_shards_from_a_network_file_system(
 
 @pytest.mark.parametrize("fetch", ["range", "shard"])
 def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch, monkeypatch):
-    monkeypatch.setattr(zstore.read._chunks, "COALESCE_BYTES", 2**30)  # one range per shard
+    monkeypatch.setattr(zstore.read._origin_fetch, "COALESCE_BYTES", 2**30)  # one range per shard
     fs = ModelledFileSystem()
     cfg = config(tmp_path, "decoded-ram", fetch=fetch)
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs)
@@ -249,7 +249,7 @@ def test_coalescing_limit_splits_ranges_same_data(small_store, tmp_path, monkeyp
     n_chunks = -(-plain.shape[1] // 16000)
     shard_bytes = os.path.getsize(f"{small_store}/utt000004/wav/c/0/0")
     for limit in (1, 256 * 1024, COALESCE_BYTES, 2**30):
-        monkeypatch.setattr(zstore.read._chunks, "COALESCE_BYTES", limit)
+        monkeypatch.setattr(zstore.read._origin_fetch, "COALESCE_BYTES", limit)
         reader = WindowReader(small_store, origin_fs=fs).open()  # no tiers: all from origin
         fs.reset_counts()
         got = reader.read("utt000004", {"wav": Span(0, plain.shape[1])})["wav"]
@@ -265,7 +265,7 @@ def test_coalescing_limit_splits_ranges_same_data(small_store, tmp_path, monkeyp
 
 
 def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path, monkeypatch):
-    monkeypatch.setattr(zstore.read._chunks, "COALESCE_BYTES", 2**30)  # one range per shard
+    monkeypatch.setattr(zstore.read._origin_fetch, "COALESCE_BYTES", 2**30)  # one range per shard
     fs = ModelledFileSystem(latency=0.05)  # requests overlap, even on a loaded machine
     cfg = config(tmp_path, "decoded-ram", fetch="range")
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()

@@ -4,7 +4,8 @@
 call needs that the tiers miss is fetched from the origin in one concurrent
 batch; with ``fetch="shard"`` a whole shard is read on first touch and kept whole in
 the SSD tier (:mod:`zstore.read._ssd_shards`), or, without one, all its chunks go into the
-RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.
+RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.  The
+fetching itself (the tiers, then the origin) is :mod:`zstore.read._origin_fetch`.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from zstore.errors import IntegrityError, MissingDataError
 from zstore.format import EMPTY, ArrayLayout, decode_chunk, decode_index, fill_chunk
 from zstore.origin import Origin, Request, describe
 from zstore.read._builds import BehindBuilds
+from zstore.read._origin_fetch import OriginFetch
 from zstore.read._ssd_shards import Held, WholeShards
 from zstore.read._whole_fetch import Pending, WholeFetch, finish
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
-COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size
 
 
-class ChunkSource:
+class ChunkSource(OriginFetch):
     """Fetch and decode inner chunks of one store for one process.
 
     ``complete``: the store's converter wrote every chunk (the manifest says so), so a
@@ -280,152 +281,6 @@ class ChunkSource:
             return decode_chunk(layout, data, where, out)
         except IntegrityError:
             return decode_chunk(layout, self.origin.read(*request), where, out)
-
-    def fetch_many(
-        self,
-        keys: list[str],
-        requests: list[Request],
-        *,
-        ram: bool,
-        layouts: dict[str, ArrayLayout],
-        ranges: Collection[str] = (),
-        reused: bool = False,
-        wait: bool = True,
-    ) -> list[bytes | memoryview | None]:
-        """Values for cache ``keys`` from the tiers, else the origin (one concurrent batch).
-
-        None stands for an object missing at the origin (a chunk never written).  With
-        ``fetch="shard"`` a miss reads its object whole, unless the object is in
-        ``ranges`` (another process is fetching it whole now).  ``reused``: the tiers'
-        hits are read into the origin's reused memory (chunks, which are dropped once
-        decoded or built; never shard indexes, which are kept).  ``wait=False``: keys
-        whose node lock is held now are fetched without it, and not kept in the tiers.
-        """
-        by_key = dict(zip(keys, requests))
-
-        def fetch(miss: list[str]) -> list[bytes | memoryview | None]:
-            return self._from_origin([by_key[k] for k in miss], layouts, ranges)
-
-        if self.tiers is None:
-            return fetch(keys)
-        # The ranges of an object another process is putting in the tiers whole are
-        # neither kept (each its own SSD value, beside the whole object) nor locked.
-        passing = {k for k, r in by_key.items() if r[0] in ranges} if ranges else ()
-        into = self.origin.buffer if reused else None
-        return self.tiers.get_many(keys, fetch, ram=ram, passing=passing, into=into, wait=wait)
-
-    def _from_origin(
-        self,
-        requests: list[Request],
-        layouts: dict[str, ArrayLayout],
-        ranges: Collection[str] = (),
-    ) -> list[bytes | memoryview | None]:
-        if self.fetch != "shard":
-            return self._read(requests)
-        # Whole objects, but the ranges only of those another process is fetching whole
-        # now: one concurrent round for both.  A shard index (a suffix) is read by its
-        # range: admission weighs the encoded form's shards by their indexes, and an
-        # index fetched as its whole object read ~7 MB per shard and put every chunk
-        # in the tiers before the read fetched the object whole again (4 ranks,
-        # S3-like: the first batch spent 0.45-0.77 s on it).
-        ranged = {r for r in requests if r[0] in ranges or (r[1] is not None and r[1] < 0)}
-        objects = sorted({r[0] for r in requests if r not in ranged})
-        direct = [r for r in requests if r in ranged]
-        got = self._read([(o, None, None) for o in objects] + direct)
-        whole = dict(zip(objects, got))
-        by_range = dict(zip(direct, got[len(objects) :]))
-        for obj, data in whole.items():
-            if data is not None and obj in layouts:
-                self._fill_shard(obj, layouts[obj], data, requests)
-        out: list[bytes | memoryview | None] = []
-        for obj, start, stop in requests:
-            if (obj, start, stop) in ranged:
-                out.append(by_range[(obj, start, stop)])
-            else:
-                data = whole[obj]
-                out.append(None if data is None else _slice(data, start, stop))
-        return out
-
-    def _fill_shard(
-        self, obj: str, layout: ArrayLayout, data: bytes | memoryview, requested: list[Request]
-    ) -> None:
-        """Put every chunk of a whole shard into the tiers (``fetch="shard"``)."""
-        if self.tiers is None or len(data) < layout.index_bytes:
-            return
-        index = decode_index(layout, data[-layout.index_bytes :], f"{self.url}: {obj}")
-        skip = {(r[1], r[2]) for r in requested if r[0] == obj}
-        chunks = []
-        for offset, nbytes in index:
-            if offset == EMPTY:
-                continue
-            start, stop = int(offset), int(offset) + int(nbytes)
-            if (start, stop) not in skip:
-                chunks.append((f"{obj}#r{start}-{stop}", data[start:stop]))
-        self.tiers.fill_many(chunks, ram=not self.tiers.decoded)  # one transaction per tier
-
-    def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:
-        merged, parts = coalesce(requests, COALESCE_BYTES)
-        try:
-            datas: list[bytes | memoryview | None] = list(self.origin.read_many(merged))
-        except FileNotFoundError:  # some object is missing: find which, one by one
-            datas = []
-            for r in merged:
-                try:
-                    datas.append(self.origin.read(*r))
-                except FileNotFoundError:
-                    datas.append(None)
-        if self.tiers is not None:
-            self.tiers.stats.add("origin_requests", len(merged))
-            self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas if d is not None))
-        out: list[bytes | memoryview | None] = []
-        for m, offset, n in parts:
-            got = datas[m]
-            out.append(got if n is None or got is None else memoryview(got)[offset : offset + n])
-        return out
-
-
-def coalesce(
-    requests: list[Request], limit: int
-) -> tuple[list[Request], list[tuple[int, int, int | None]]]:
-    """Merge byte ranges of one object that touch into requests of up to ``limit`` bytes.
-
-    A window's chunks lie next to each other in their shard, so its ~10 ranges per
-    array become a few requests: fewer round trips and per-request costs (S3 bills
-    each GET), the same bytes.  Returns the requests to make and, per given request,
-    (index of the request that holds it, offset in it, length; None = all of it).
-    Suffix and whole-object requests pass through unmerged.
-    """
-    merged: list[Request] = []
-    parts: list[tuple[int, int, int | None]] = [(0, 0, None)] * len(requests)
-    ranged = sorted(
-        (r[0], r[1], r[2], i)
-        for i, r in enumerate(requests)
-        if r[1] is not None and r[1] >= 0 and r[2] is not None
-    )
-    for key, start, stop, i in ranged:
-        last = merged[-1] if merged else None
-        if (
-            last is not None
-            and last[0] == key
-            and last[1] is not None
-            and last[2] == start
-            and stop - last[1] <= limit
-        ):
-            merged[-1] = (key, last[1], stop)
-        else:
-            merged.append((key, start, stop))
-        parts[i] = (len(merged) - 1, start - merged[-1][1], stop - start)  # type: ignore
-    for i, r in enumerate(requests):
-        if not (r[1] is not None and r[1] >= 0 and r[2] is not None):
-            merged.append(r)
-            parts[i] = (len(merged) - 1, 0, None)
-    return merged, parts
-
-
-def _slice(data: bytes | memoryview, start: int | None, stop: int | None) -> bytes | memoryview:
-    if start is not None and start < 0:
-        return data[start:]
-    return data[start or 0 : stop]
 
 
 def chunk_array(key: str) -> str:

@@ -1,6 +1,7 @@
 """A simulated cluster: node-stable sampling against DistributedSampler.
 
-    python tools/bench_cluster.py        # uses ./bench-data/budget (tools/bench_budget.py)
+    python tools/bench_cluster.py        # uses ./bench-data/budget (tools/bench_budget.py's
+                                         # corpus; made first when it is not there)
 
 4 nodes x 2 ranks as 8 processes on this machine; each node has its own RAM tier of
 0.35x the decoded corpus (a node's share fits, the corpus does not) and no SSD tier; the
@@ -144,6 +145,11 @@ def main() -> None:
     args = p.parse_args()
     work = os.path.abspath(args.work)
     store = os.path.join(work, "speech.zarr")
+    if not os.path.exists(os.path.join(store, "zarr.json")):  # bench_budget.py's corpus
+        from bench_budget import prepare
+
+        print(f"{store} is not there yet: making tools/bench_budget.py's corpus (500MB)")
+        prepare(work, "500MB")
     manifest, metas = read_manifest(store, None)
     sizes = field_sizes(manifest, metas)
     budget = int(0.35 * sizes.decoded_bytes)

@@ -184,3 +184,11 @@ def test_open_store_without_manifest_reads_uncached(tmp_path):
 def test_open_store_needs_a_zarr_store(tmp_path):
     with pytest.raises(zstore.StoreFormatError, match="no zarr.json"):
         zstore.open_store(str(tmp_path))
+
+
+def test_a_store_path_that_does_not_exist_says_so(tmp_path):
+    missing = tmp_path / "typo" / "speech.zarr"
+    with pytest.raises(zstore.StoreFormatError, match="no such directory; check the path"):
+        zstore.WindowDataset(missing)
+    with pytest.raises(zstore.StoreFormatError, match="no such directory"):
+        zstore.open_store(str(missing))

@@ -89,6 +89,11 @@ def read_root(origin: Origin, url: str) -> dict[str, Any]:
     try:
         meta = json.loads(origin.read("zarr.json"))
     except FileNotFoundError:
+        if not origin.remote and not os.path.exists(url):
+            raise StoreFormatError(
+                f"{url}: no such directory; check the path, or write the store there "
+                "first with 'zstore convert'"
+            ) from None
         raise StoreFormatError(
             f"{url}: no zarr.json at the root; is this a Zarr v3 store written by 'zstore convert'?"
         ) from None

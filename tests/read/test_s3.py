@@ -162,8 +162,11 @@ def test_truncated_response_is_detected_and_retried(small_store, tmp_path):
 
 
 def test_missing_store_is_a_clear_error(tmp_path):
-    with pytest.raises(zstore.StoreFormatError, match="no zarr.json"):
+    with pytest.raises(zstore.StoreFormatError, match="no such directory"):
         zstore.WindowDataset(str(tmp_path / "nothing.zarr"), cache=False)
+    (tmp_path / "empty.zarr").mkdir()  # there, but no store in it
+    with pytest.raises(zstore.StoreFormatError, match="no zarr.json"):
+        zstore.WindowDataset(str(tmp_path / "empty.zarr"), cache=False)
 
 
 def test_origin_error_names_store_key_and_range(tmp_path):

@@ -417,3 +417,17 @@ def test_options_as_any_mapping_and_sources_as_any_sequence(small_h5, tmp_path):
     assert {n: (i.rate, i.time_axis) for n, i in a.arrays.items()} == {
         n: (i.rate, i.time_axis) for n, i in b.arrays.items()
     }
+
+
+def test_file_urls_name_local_paths(small_h5, small_store, tmp_path):
+    """``file://PATH`` is PATH, as in fsspec: for convert's sources and destination and
+    for the readers (a reader took it for a relative path, a source was not found)."""
+    dst = tmp_path / "by-url.zarr"
+    zstore.convert(f"file://{small_h5}", f"file://{dst}", rates=RATES, workers=1, progress=False)
+    by_path = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False, seed=2)
+    by_url = zstore.WindowDataset(f"file://{dst}", window_seconds=1.0, cache=False, seed=2)
+    assert len(by_url) == len(by_path)
+    for i in range(len(by_path)):
+        a, b = by_path[i], by_url[i]
+        assert (a["item"], a["start"]) == (b["item"], b["start"])
+        np.testing.assert_array_equal(a["wav"].numpy(), b["wav"].numpy())

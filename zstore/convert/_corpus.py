@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zstore.errors import SourceError
-from zstore.urls import is_url
+from zstore.urls import is_url, local_path
 
 SUFFIXES = (".h5", ".hdf5")
 
@@ -27,7 +27,7 @@ def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]
             "no source given: name one or more HDF5 files, directories or glob patterns"
         )
     out: list[str] = []
-    for src in (os.fspath(g) for g in given):
+    for src in (local_path(os.fspath(g)) for g in given):  # file://PATH is PATH
         if is_url(src):
             out.append(src)
         elif os.path.isdir(src):

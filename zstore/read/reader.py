@@ -62,7 +62,7 @@ from zstore.read._shard_pieces import (
 )
 from zstore.read._zarr_store import CachedStore
 from zstore.read.streamcopy import copy_values
-from zstore.urls import is_url
+from zstore.urls import is_url, local_path
 
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
 
@@ -79,7 +79,7 @@ class WindowReader(ItemPlaces):
         origin_fs: Any = None,
         fields: Sequence[str] | None = None,
     ):
-        self.url = str(url) if is_url(str(url)) else os.path.abspath(str(url))
+        self.url = str(url) if is_url(str(url)) else os.path.abspath(local_path(str(url)))
         self.cache = cache
         self.storage_options = dict(storage_options or {})
         self.origin_fs = origin_fs

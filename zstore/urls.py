@@ -54,7 +54,9 @@ def is_url(path: str) -> bool:
 
 
 def local_path(url: str) -> str:
-    return url[len("file://") :] if url.startswith("file://") else url
+    """The local path a store or source is named by: ``file://PATH`` is PATH, and ``~``
+    is the user's home, as fsspec reads them."""
+    return os.path.expanduser(url[len("file://") :] if url.startswith("file://") else url)
 
 
 def zarr_store(url: str, storage_options: dict[str, Any] | None, *, read_only: bool) -> Any:

@@ -431,3 +431,14 @@ def test_file_urls_name_local_paths(small_h5, small_store, tmp_path):
         a, b = by_path[i], by_url[i]
         assert (a["item"], a["start"]) == (b["item"], b["start"])
         np.testing.assert_array_equal(a["wav"].numpy(), b["wav"].numpy())
+
+
+def test_a_path_from_the_home_directory(small_h5, tmp_path, monkeypatch):
+    """``~`` in a store or source path is the user's home (as fsspec and the cache
+    directories read it), not a directory named ``~``."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "in.h5").write_bytes(Path(small_h5).read_bytes())
+    zstore.convert("~/in.h5", "~/s.zarr", rates=RATES, workers=1, progress=False)
+    assert (tmp_path / "s.zarr" / "zarr.json").exists()
+    ds = zstore.WindowDataset("~/s.zarr", window_seconds=1.0, cache=False)
+    assert len(ds) == 6 and ds.reader.url == str(tmp_path / "s.zarr")

@@ -192,6 +192,13 @@ def test_items_take_the_lists_users_already_have(small_store, tmp_path, form):
     assert [ds[i]["item"] for i in range(len(ds))] == names
 
 
+def test_an_item_list_from_the_home_directory(small_store, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "dev.txt").write_text("utt000002\n")
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=False, items="~/dev.txt")
+    assert [ds[i]["item"] for i in range(len(ds))] == ["utt000002"]
+
+
 @pytest.mark.parametrize(
     "content, words",
     [

@@ -57,7 +57,7 @@ def read_item_list(path: str) -> list[str]:
     dataset code keeps its subsets; unpickling runs the file's code, so it is loaded only
     because the user named it), a JSON list, or text with one name per line."""
     try:
-        with open(path, "rb") as f:
+        with open(os.path.expanduser(path), "rb") as f:
             raw = f.read()
     except OSError as e:
         raise ConfigError(

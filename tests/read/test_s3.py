@@ -167,6 +167,8 @@ def test_missing_store_is_a_clear_error(tmp_path):
     (tmp_path / "empty.zarr").mkdir()  # there, but no store in it
     with pytest.raises(zstore.StoreFormatError, match="no zarr.json"):
         zstore.WindowDataset(str(tmp_path / "empty.zarr"), cache=False)
+    with pytest.raises(zstore.StoreFormatError, match="no zarr.json"):  # named by its URL
+        zstore.open_store(f"file://{tmp_path / 'empty.zarr'}")
 
 
 def test_origin_error_names_store_key_and_range(tmp_path):

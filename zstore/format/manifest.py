@@ -31,6 +31,7 @@ from zstore.format.objects import ObjectWriter, array_meta, dumps, encode_array,
 from zstore.format.packs import PackGroup, Placement
 from zstore.format.sizing import array_totals
 from zstore.origin import Origin
+from zstore.urls import local_path
 
 
 class ArrayMetas:
@@ -89,7 +90,7 @@ def read_root(origin: Origin, url: str) -> dict[str, Any]:
     try:
         meta = json.loads(origin.read("zarr.json"))
     except FileNotFoundError:
-        if not origin.remote and not os.path.exists(url):
+        if not origin.remote and not os.path.exists(local_path(url)):
             raise StoreFormatError(
                 f"{url}: no such directory; check the path, or write the store there "
                 "first with 'zstore convert'"

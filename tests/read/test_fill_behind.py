@@ -33,6 +33,20 @@ def held_fills(hold):
     return hold(ShardForm, "_finish_builds")
 
 
+@pytest.fixture
+def rest_fetches(monkeypatch) -> list[RestFetch]:
+    """Every fetch of queued fills' other chunks (:class:`RestFetch`) made meanwhile."""
+    fetches: list[RestFetch] = []
+    made = RestFetch.__init__
+
+    def recorded(self):
+        made(self)
+        fetches.append(self)
+
+    monkeypatch.setattr(RestFetch, "__init__", recorded)
+    return fetches
+
+
 @pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
 def test_a_first_read_is_served_before_its_shards_are_filled(
     small_store, tmp_path, held_fills, ram_format
@@ -74,7 +88,7 @@ def test_a_first_read_is_served_before_its_shards_are_filled(
 
 @pytest.mark.parametrize("ram_format", ["decoded", "encoded"])
 def test_a_queued_fill_fetches_its_shards_at_once_and_reads_take_them_from_memory(
-    small_store, tmp_path, held_fills, monkeypatch, ram_format
+    small_store, tmp_path, held_fills, rest_fetches, ram_format
 ):
     """From a remote origin read by ranges, the rest of a shard whose fill is queued is
     fetched behind the reads at once (after the node's first reads), not by the fill in
@@ -84,14 +98,6 @@ def test_a_queued_fill_fetches_its_shards_at_once_and_reads_take_them_from_memor
     and reads around them fetched their chunks again (tools/bench_cluster.py: 2-8% of
     the first epoch's bytes in the second, 1.5x the store in the first)."""
     started, release = held_fills
-    fetches: list[RestFetch] = []
-    made = RestFetch.__init__
-
-    def recorded(self):
-        made(self)
-        fetches.append(self)
-
-    monkeypatch.setattr(RestFetch, "__init__", recorded)
     root = zarr.open_group(small_store, mode="r")
     cfg = zstore.CacheConfig(
         ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format=ram_format, ssd_dir=None
@@ -103,8 +109,8 @@ def test_a_queued_fill_fetches_its_shards_at_once_and_reads_take_them_from_memor
     shards = sum(os.path.getsize(f"{small_store}/{ITEM}/{n}/c/0/0") for n in SPANS)
 
     reader.read(ITEM, SPANS)  # returns while the fill is held
-    assert started.wait(120) and fetches
-    assert all(f.done.wait(120) for f in fetches)  # fetched while the fill waits its turn
+    assert started.wait(120) and rest_fetches
+    assert all(f.done.wait(120) for f in rest_fetches)  # fetched while the fill waits its turn
     assert fs.bytes == shards  # both shards: their indexes and all their chunks
     requests = fs.requests
     whole = {n: Span(0, root[f"{ITEM}/{n}"].shape[-1]) for n in SPANS}
@@ -127,7 +133,7 @@ def test_a_queued_fill_fetches_its_shards_at_once_and_reads_take_them_from_memor
 
 
 def test_a_chunk_never_written_takes_nothing_of_the_at_hand_budget(
-    small_store, tmp_path, held_fills, monkeypatch
+    small_store, tmp_path, held_fills, rest_fetches
 ):
     """A store of another writer leaves chunks of fill values out of a shard (zarr's
     default); the fetch of a queued fill's other chunks counts what it fetches against
@@ -136,14 +142,6 @@ def test_a_chunk_never_written_takes_nothing_of_the_at_hand_budget(
     from conftest import edit_header
 
     started, release = held_fills
-    fetches: list[RestFetch] = []
-    made = RestFetch.__init__
-
-    def recorded(self):
-        made(self)
-        fetches.append(self)
-
-    monkeypatch.setattr(RestFetch, "__init__", recorded)
     store = tmp_path / "other.zarr"
     shutil.copytree(small_store, store)
     edit_header(store, lambda h: {k: v for k, v in h.items() if k != "all_chunks_written"})
@@ -155,13 +153,13 @@ def test_a_chunk_never_written_takes_nothing_of_the_at_hand_budget(
     reader.start_builds()
 
     got = reader.read(ITEM, SPANS)
-    assert started.wait(120) and fetches
-    assert all(f.done.wait(120) for f in fetches)
-    got_back = {key: r for f in fetches for key, r in f.got.items()}
+    assert started.wait(120) and rest_fetches
+    assert all(f.done.wait(120) for f in rest_fetches)
+    got_back = {key: r for f in rest_fetches for key, r in f.got.items()}
     last = (f"{ITEM}/wav", (wav.shape[-1] - 1) // step)
     assert got_back[last] == (None, None)  # fetched with the rest: nothing to fetch
     fetched = sum(len(data) for _, data in got_back.values() if data is not None)
-    assert sum(f.nbytes for f in fetches) == fetched
+    assert sum(f.nbytes for f in rest_fetches) == fetched
     release.set()
     assert reader.settle(timeout=120)
     assert reader.form.at_hand.used == 0

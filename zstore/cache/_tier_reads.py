@@ -7,31 +7,16 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import diskcache
 
+from zstore.cache._tier_parts import TierPart
 from zstore.cache.value import Checked, open_value
 
-if TYPE_CHECKING:
-    from zstore.cache._evictions import EvictionLog
-    from zstore.cache._own import OwnWrites
-    from zstore.cache._stats import Stats
 
-
-class TierReads:
+class TierReads(TierPart):
     """Reading a tier's values (the part of :class:`zstore.cache.tier.Tier` that does)."""
-
-    if TYPE_CHECKING:
-        name: str
-        directory: str
-        stats: Stats
-        sketch: Any
-        evictions: EvictionLog
-        own: OwnWrites | None
-
-        def _open(self) -> diskcache.Cache | None: ...
-        def _warn(self, what: str, exc: BaseException | str) -> None: ...
 
     def get(self, key: str, *, count_miss: bool = True) -> memoryview | None:
         """The payload for ``key``, or None (missing, failed its check, or tier down)."""

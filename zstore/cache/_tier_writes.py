@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
-import diskcache
 import numpy as np
 
 from zstore.cache._space import Refused, rounded
 from zstore.cache._tier_files import TierDisk, Written
+from zstore.cache._tier_parts import TierPart
 from zstore.cache.value import Parts, header
-
-if TYPE_CHECKING:
-    from zstore.cache._evictions import EvictionLog
-    from zstore.cache._own import OwnWrites
-    from zstore.cache._space import Room
-    from zstore.cache._stats import Stats
 
 #: A value's file is written before the index's write transaction when the tier's free
 #: room holds this many values of its size; nearer the budget, inside it (after the
@@ -31,20 +24,9 @@ if TYPE_CHECKING:
 EARLY_MARGIN = 8
 
 
-class TierWrites:
+class TierWrites(TierPart):
     """Admitting and storing a tier's values (the part of :class:`zstore.cache.tier.Tier`
     that does)."""
-
-    if TYPE_CHECKING:
-        name: str
-        stats: Stats
-        sketch: Any
-        room: Room
-        evictions: EvictionLog
-        own: OwnWrites | None
-
-        def _open(self) -> diskcache.Cache | None: ...
-        def _warn(self, what: str, exc: BaseException | str) -> None: ...
 
     def set_period(self, accesses: int) -> None:
         """How many accesses the admission counts last before they are halved."""

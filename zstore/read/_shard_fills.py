@@ -114,15 +114,18 @@ class ShardFills(ShardBuilds):
         nbytes = 0
         for layout, s, _, _ in todo:
             index = indexes.get(layout.object_key(s))
-            for _, k in self._shard_chunks(layout, s):
-                if (layout.path, k) in have:
-                    continue
+            for _, k in self._others(self._shard_chunks(layout, s), have):
                 rest.append((layout, k))
                 if index is None:
                     nbytes += layout.chunk_nbytes
                 elif (entry := index[k % layout.chunks_per_shard])[0] != EMPTY:
                     nbytes += int(entry[1])
         return rest, nbytes
+
+    @staticmethod
+    def _others(chunks: list[Chunk], have: Container[tuple[str, int]]) -> list[Chunk]:
+        """The chunks of ``chunks`` not in ``have``."""
+        return [(la, k) for la, k in chunks if (la.path, k) not in have]
 
     def _hand_off(
         self,
@@ -145,10 +148,7 @@ class ShardFills(ShardBuilds):
         # queued) go with them, within MAX_AT_HAND_BYTES: the fill then does not read
         # them back from the SSD tier (from the device: it writes around the page cache).
         others = (  # looked at only where shards are fetched whole
-            c
-            for layout, s, _, _ in todo
-            for c in self._shard_chunks(layout, s)
-            if (layout.path, c[1]) not in have
+            c for layout, s, _, _ in todo for c in self._others(self._shard_chunks(layout, s), have)
         )
         at_hand = self.source.in_memory(others)
         objs = {request[0] for request, _ in at_hand.values()}
@@ -208,7 +208,7 @@ class ShardFills(ShardBuilds):
             self.builder_source.remember_indexes(indexes)
             for layout, s, _, key in todo:
                 need = self._shard_chunks(layout, s)
-                rest = [(la, k) for la, k in need if (la.path, k) not in have]
+                rest = self._others(need, have)
                 with FORK_GATE.held():  # its fetch (tier lookups) and fill (SQLite, blosc)
                     if rest:
                         have.update(

@@ -275,12 +275,12 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
     """Per-window RAM-hit time minus the one copy out of the mapped shards.
 
     Rounds alternate a pass of full reads over the sample with a pass of the copies alone
-    (the same ``_assemble`` calls on the same mapped tmpfs pages, lookups done
+    (the same ``assemble`` calls on the same mapped tmpfs pages, lookups done
     beforehand); the median over rounds of (read pass - copy pass) / windows is what the
     read path adds.  Whole passes, not window pairs: a copy right after the read of the
     same window would find its source in the CPU cache and look cheaper than it is.
     """
-    from zstore.read.reader import _assemble
+    from zstore.read._window_copy import assemble
 
     c = [c for c, _, _ in contenders(paths.work) if c.name == "zstore RAM hits (decoded)"][0]
     sample = windows[:200]
@@ -301,7 +301,7 @@ def overhead(paths: Paths, windows: list) -> dict[str, float]:
         t1 = time.perf_counter()
         for _, _, plan, pieces in work:
             for _, layout, span in plan:
-                _assemble(layout, span, pieces)
+                assemble(layout, span, pieces)
         t2 = time.perf_counter()
         totals.append((t1 - t0) / len(work))
         copies.append((t2 - t1) / len(work))

@@ -382,7 +382,7 @@ def test_warm_copies_nothing_out_and_the_tier_then_holds_the_source(
     items across two shards, so one item's builds follow each other in that buffer."""
     import h5py
 
-    import zstore.read.reader as reader_module
+    import zstore.read._window_copy as copy_module
 
     store = tmp_path / "store.zarr"
     zstore.convert(
@@ -396,7 +396,7 @@ def test_warm_copies_nothing_out_and_the_tier_then_holds_the_source(
         raise AssertionError("warm copied an item out")
 
     with monkeypatch.context() as m:
-        m.setattr(reader_module, "_assemble", assembled)
+        m.setattr(copy_module, "assemble", assembled)
         done = zstore.warm(str(store), cache=cfg, workers=2, progress=False)
     filled = zstore.cache_stats(cfg)["ram"]["fills"]
     reader = WindowReader(str(store), cache=cfg)

@@ -219,7 +219,7 @@ def test_an_items_covered_length_is_the_same_one_at_a_time():
     """An item's length (the frames every time array covers) is computed alone on each
     read, and for many items at once when a dataset opens: both give the same, with
     whole-number and other rate ratios."""
-    from zstore.train.dataset import _Lengths
+    from zstore.train._dataset_setup import ItemLengths
 
     rng = np.random.default_rng(3)
     frames = rng.integers(0, 5000, 400)
@@ -229,7 +229,7 @@ def test_an_items_covered_length_is_the_same_one_at_a_time():
         "emg": np.floor(frames * 2.56).astype(np.int64) - rng.integers(0, 3, 400),
     }
     rates = {"act": 100.0, "wav": 16000.0, "emg": 256.0}
-    table = _Lengths(lengths, rates, "act")
+    table = ItemLengths(lengths, rates, "act")
     together = table[np.arange(400)]
     assert [table[i] for i in range(400)] == together.tolist()
     assert isinstance(table[np.int64(7)], int)

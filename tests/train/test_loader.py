@@ -249,13 +249,13 @@ def test_the_copy_threads_share_a_batchs_heavy_field(small_store, cache, monkeyp
     copy wav windows.  Dealt out in fixed shares, one thread got every wav and the
     other only act.  Here each wav copy waits until another wav copy runs beside it:
     that happens only when two threads copy wav windows at once."""
-    import zstore.read.reader as reader_module
+    import zstore.read._window_copy as copy_module
     import zstore.train._loader as loader_module
 
     monkeypatch.setattr(loader_module, "INLINE_BYTES", 0)  # these windows are small
     beside = threading.Barrier(2, timeout=60)
     threads: set[str] = set()
-    real = reader_module._copy_into
+    real = copy_module.copy_into
 
     def copy_into(layout, span, index, out):
         if layout.path.endswith("/wav"):
@@ -263,7 +263,7 @@ def test_the_copy_threads_share_a_batchs_heavy_field(small_store, cache, monkeyp
             beside.wait()  # raises BrokenBarrierError after 60 s alone
         return real(layout, span, index, out)
 
-    monkeypatch.setattr(reader_module, "_copy_into", copy_into)
+    monkeypatch.setattr(copy_module, "copy_into", copy_into)
     ds = dataset(small_store, cache)
     loader = zstore.WindowLoader(ds, 2, threads=2, prefetch=1)
     reference = DataLoader(dataset(small_store, cache), batch_size=2)

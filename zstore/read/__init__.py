@@ -9,8 +9,9 @@ May import: :mod:`zstore.format`, :mod:`zstore.cache` and the shared leaves.  Ne
 :mod:`zstore.train`, :mod:`zstore.convert` or torch.
 """
 
+from zstore.read._window_copy import window_shape
 from zstore.read._zarr_store import CachedStore, open_store
-from zstore.read.reader import WindowReader, window_shape
+from zstore.read.reader import WindowReader
 from zstore.read.streamcopy import copy_streamed, streaming
 
 __all__ = [

@@ -13,8 +13,9 @@ The Lightning data module is not imported here (importing Lightning takes second
 """
 
 from zstore.train._collate import collate_pad
+from zstore.train._dataset_setup import common_lengths
 from zstore.train._loader import LoaderError, WindowLoader
-from zstore.train.dataset import WindowDataset, common_lengths
+from zstore.train.dataset import WindowDataset
 from zstore.train.samplers import NodeSampler, WindowSampler, assign_nodes
 
 __all__ = [

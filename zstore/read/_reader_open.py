@@ -1,0 +1,179 @@
+"""Opening a :class:`zstore.read.reader.WindowReader` in a process: the manifest, the
+node's tiers and the RAM form they keep, the origin, the chunk source and the work
+behind the reads; and what a reader pickles to (a few hundred bytes, reopened lazily
+in each process it reaches)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, Self
+
+from zstore.cache import (
+    CacheConfig,
+    FirstReads,
+    FormatChoice,
+    ResolvedCache,
+    TieredCache,
+    make_dir,
+    open_file,
+)
+from zstore.cache import choose as choose_format
+from zstore.cache import record as record_format
+from zstore.format import VERIFIED, ArrayLayout, field_sizes, read_manifest, verified_tables
+from zstore.origin import Origin
+from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds, FirstReadHold
+from zstore.read._chunks import ChunkSource
+from zstore.read._maps import MappedValues
+from zstore.read._ram_shards import DecodedShards, EncodedShards, ShardForm
+from zstore.read._reader_meta import ItemPlaces
+from zstore.read._shard_pieces import drop_reused_scratch
+from zstore.urls import is_url, local_path
+
+PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
+
+
+class ReaderSetup(ItemPlaces):
+    """The part of :class:`zstore.read.reader.WindowReader` that opens it in a process
+    (once per process: fork and spawn safe) and pickles it."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache: CacheConfig | None = None,
+        storage_options: dict[str, Any] | None = None,
+        origin_fs: Any = None,
+        fields: Sequence[str] | None = None,
+    ):
+        self.url = str(url) if is_url(str(url)) else os.path.abspath(local_path(str(url)))
+        self.cache = cache
+        self.storage_options = dict(storage_options or {})
+        self.origin_fs = origin_fs
+        self.fields = list(fields) if fields is not None else None  # sizes the RAM format
+        self._pid = -1
+        #: The store's root header as this reader first read it (format 2): a process
+        #: this reader is pickled to sees the same items, even after an append.
+        self._header: dict[str, Any] | None = None
+        #: The node directory this process keeps its copy of the item table in (None:
+        #: no cache tier, the table is in the process).
+        self._tables_dir: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "cache": self.cache,
+            "storage_options": self.storage_options,
+            "origin_fs": self.origin_fs,
+            "fields": self.fields,
+            "header": self._header,
+            "tables": verified_tables(self._header.get("table"), self._tables_dir)
+            if self._header and self._tables_dir
+            else set(),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(
+            self,
+            state["url"],
+            cache=state["cache"],
+            storage_options=state["storage_options"],
+            origin_fs=state["origin_fs"],
+            fields=state.get("fields"),
+        )
+        self._header = state.get("header")
+        VERIFIED.update(state.get("tables", ()))
+
+    def open(self) -> Self:
+        """Read the manifest and set up this process's handles (idempotent per process)."""
+        if self._pid == os.getpid():
+            return self
+        resolved: ResolvedCache | None = (
+            self.cache.resolved().for_store(self.url, origin_fs=self.origin_fs)
+            if self.cache
+            else None
+        )
+        self.tiers: TieredCache | None = None
+
+        def tables(store_id: str) -> str | None:  # item tables: one copy per node
+            self.tiers = TieredCache(resolved, store_id) if resolved else None
+            where = self.tiers.node_dir("tables") if self.tiers else None
+            # made with the tier's ownership and mode, or not used
+            self._tables_dir = where if where is not None and make_dir(where) is None else None
+            return self._tables_dir
+
+        self.manifest, self._metas = read_manifest(
+            self.url, self.storage_options, self.origin_fs, tables, self._header, open_file
+        )
+        if self.manifest.shapes is not None:  # format 2: workers keep this view
+            self._header = self.manifest.header()
+        if resolved and self.tiers is None:
+            self.tiers = TieredCache(resolved, self.manifest.store_id)
+        self.format_choice = self._choose_format(resolved) if self.tiers and resolved else None
+        self.origin = Origin(
+            self.url,
+            self.storage_options,
+            fs=self.origin_fs,
+            max_requests=resolved.max_requests if resolved else 16,
+        )
+        #: The node's SSD tier can hold the whole store (as the manifest sizes it).
+        self.ssd_holds_store = (
+            resolved is not None
+            and resolved.ssd_dir is not None
+            and resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
+        )
+        self.fetch = self._fetch_mode(resolved)
+        #: this process's work behind the reads: RAM fills, and whole-shard SSD writes;
+        #: both held until its first read is served (see ``start_builds``), and
+        #: HOLD_AT_MOST seconds after it at the latest
+        self.behind = BehindBuilds(on_idle=drop_reused_scratch, held=True)
+        self.writes = BehindBuilds("zstore-ssd-write", max_bytes=MAX_WRITE_BYTES, held=True)
+        starting = self.tiers.node_dir("starting") if self.tiers is not None else None
+        self.hold = FirstReadHold([self.behind, self.writes], FirstReads(starting))
+        self.source = ChunkSource(
+            self.url,
+            self.origin,
+            self.tiers,
+            self.fetch,
+            complete=self.manifest.all_chunks_written,
+            behind=self.writes,
+        )
+        self._layouts: dict[tuple[str, str], ArrayLayout] = {}
+        self._records: dict[str, Any] = {}  # packed items' batch records, a few
+        self.values: MappedValues | None = None
+        self.form: ShardForm | None = None
+        if self.tiers is not None and self.tiers.ram is not None:
+            self.values = MappedValues(self.tiers.ram)
+            kind = DecodedShards if self.tiers.ram_format == "decoded" else EncodedShards
+            self.form = kind(self.url, self.tiers, self.source, self.values, self.behind)
+        self._lock = self.values.lock if self.values is not None else threading.Lock()
+        self._group: Any = None
+        self._pid = os.getpid()
+        return self
+
+    def _choose_format(self, resolved: ResolvedCache) -> FormatChoice:
+        """Settle ``ram_format`` for this store and size the tiers' admission periods."""
+        tiers: TieredCache = self.tiers  # type: ignore[assignment]
+        sizes = field_sizes(self.manifest, self._metas, self.fields)
+        choice = choose_format(resolved, sizes.ram_bytes, sizes.stored_bytes)
+        tiers.ram_format = choice.format
+        # Halve the access counts every few passes over the values (see cache.admission).
+        if tiers.ram is not None:
+            tiers.ram.set_period(
+                PASSES * (sizes.shards if choice.format == "decoded" else sizes.chunks)
+            )
+        if tiers.ssd is not None:
+            tiers.ssd.set_period(PASSES * sizes.chunks)
+        record_format(tiers.node_dir("formats"), self.manifest.store_id, choice)
+        return choice
+
+    def _fetch_mode(self, resolved: ResolvedCache | None) -> str:
+        mode = resolved.fetch if resolved else "range"
+        if mode != "auto":
+            return mode
+        # A store on NFS or Lustre costs what a remote one does: a window's chunks kept
+        # as one SSD value each cost a file and an index row apiece, on the first epoch's
+        # reads (measured, NFS-like model: 0.47x of no tiers against 0.83x with whole
+        # shards; docs/benchmarks-notes.md).
+        return "shard" if self.origin.remote and self.ssd_holds_store else "range"

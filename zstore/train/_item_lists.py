@@ -1,0 +1,93 @@
+"""The item lists ``WindowDataset(items=...)`` takes: names, a file of them in the
+forms users already keep (text, JSON, a pickled list or tuple), or a callable over each
+item's HDF5 attributes; checked against the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+
+from zstore.errors import ConfigError
+from zstore.read import WindowReader
+
+ITEM_LIST_FORMS = (
+    "a text file with one item name per line ('#' comments), a JSON list of names, or a "
+    "pickled list or tuple of names"
+)
+
+
+def read_item_list(path: str) -> list[str]:
+    """The item names in the file ``path``: a pickled list or tuple of names (as HDF5
+    dataset code keeps its subsets; unpickling runs the file's code, so it is loaded only
+    because the user named it), a JSON list, or text with one name per line."""
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(
+            f"items={path!r}: cannot read the item list ({e.strerror}); pass "
+            f"{ITEM_LIST_FORMS}, or a list of names"
+        ) from None
+    try:
+        if raw[:1] == b"\x80":  # a pickle (protocol 2 and later)
+            names = pickle.loads(raw)
+        elif raw.lstrip()[:1] == b"[":
+            names = json.loads(raw)
+        else:
+            lines = (line.strip() for line in raw.decode("utf-8").splitlines())
+            names = [n for n in lines if n and not n.startswith("#")]
+    except Exception as e:  # an unreadable pickle, JSON or text: say which forms work
+        raise ConfigError(
+            f"items={path!r}: cannot read it as an item list ({type(e).__name__}); pass "
+            f"{ITEM_LIST_FORMS}"
+        ) from None
+    if isinstance(names, np.ndarray):
+        names = names.tolist()
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, bytes)) for n in names):
+        raise ConfigError(
+            f"items={path!r}: holds a {type(names).__name__}, not a list of item names; "
+            f"pass {ITEM_LIST_FORMS}"
+        )
+    return [n.decode() if isinstance(n, bytes) else n for n in names]
+
+
+def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
+    """The item names an ``items=`` argument stands for, checked against the store."""
+    known = reader.manifest.items
+    if callable(items):
+        chosen = []
+        for i, n in enumerate(known):
+            try:
+                keep = items(n, reader.item_attrs(i))
+            except Exception as e:
+                raise ConfigError(
+                    f"{url}: the items= callable raised {type(e).__name__} "
+                    f"({e}) on item {n!r}; fix it so that it returns True or "
+                    "False for every item"
+                ) from e
+            if keep:
+                chosen.append(n)
+        return chosen
+    if isinstance(items, (str, os.PathLike)):
+        names = read_item_list(os.fspath(items))
+    else:
+        names = [str(n) for n in items]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise ConfigError(
+            f"{url}: {len(unknown)} item(s) of the item list are not in the "
+            f"store: {shown}{more} (items are named like {known[0]!r}; "
+            "see zstore info)"
+        )
+    if len(set(names)) != len(names):
+        raise ConfigError(
+            f"{url}: the item list names some items twice; use "
+            "windows_per_item for more windows per item"
+        )
+    return names

@@ -284,3 +284,56 @@ def test_a_large_file_walked_in_parts_scans_as_one_walk(tmp_path, monkeypatch):
         assert _scan.scan(src, pool) == one  # rows pickled back from other processes
     with pytest.raises(zstore.SourceError, match="changed while it was being scanned"):
         _scan.walk_part(src, (1, 2, 3), [(b"rec_000", h5py.h5l.TYPE_HARD)])
+
+
+def test_string_datasets_in_every_group_are_said_once_per_kind(tmp_path):
+    """Speech corpora keep a transcript (a string dataset) in each utterance's group.
+    What is left out is said once per dataset name and reason, with how many groups and
+    the first few, in the warning, the report, the manifest and ``zstore info``: one
+    line per group gave 2 warnings and 2 report lines per item, and a root header that
+    grew with the corpus (read by every process that opens the store)."""
+    seconds = [0.5 + 0.01 * i for i in range(300)]
+
+    def strings(g, i):
+        g["text"] = f"transcript {i}"
+        g["words"] = np.array([b"a", b"bc"])
+        if i == 7:
+            g["note"] = "only here"
+
+    src = speech(tmp_path / "t.h5", seconds, strings)
+    with pytest.warns(UserWarning) as said:
+        report = zstore.convert(
+            src, tmp_path / "t.zarr", rates={"wav": 16000}, workers=1, progress=False
+        )
+    warned = [str(w.message) for w in said if "skipping" in str(w.message)]
+    assert len(warned) == 3, warned
+    text = next(w for w in warned if "text: non-numeric dtype object" in w)
+    assert "in 300 groups (rec_000, rec_001, rec_002 and 297 more)" in text
+    assert any("rec_007/note: non-numeric dtype object" in w for w in warned)
+    assert len(report.skipped) == 3 and len(str(report).splitlines()) < 20
+    manifest = manifest_of(tmp_path / "t.zarr")
+    assert manifest.extra["skipped"] == report.skipped
+    assert (tmp_path / "t.zarr" / "zarr.json").stat().st_size < 8192
+    info = cli("info", str(tmp_path / "t.zarr")).stdout
+    assert "words: non-numeric dtype |S2, in 300 groups" in info
+    assert len(zstore.WindowDataset(tmp_path / "t.zarr", window_seconds=None, cache=False)) == 300
+
+
+def test_what_is_left_out_is_said_in_at_most_a_hundred_lines(tmp_path):
+    """Many reasons of their own (here dangling soft links, one per group) are listed up
+    to a hundred lines, then counted."""
+
+    def dangling(g, i):
+        g[f"ref_{i}"] = h5py.SoftLink(f"/nowhere/{i}")
+
+    src = speech(tmp_path / "d.h5", [0.5] * 150, dangling)
+    with pytest.warns(UserWarning) as said:
+        report = zstore.convert(
+            src, tmp_path / "d.zarr", rates={"wav": 16000}, workers=1, progress=False
+        )
+    assert len(report.skipped) == 100
+    assert report.skipped[-1] == "... and 51 more left out"
+    assert "rec_000/ref_0: soft link to /nowhere/0, which does not exist" in report.skipped
+    warned = [str(w.message) for w in said if "skipping" in str(w.message)]
+    assert len(warned) <= 11
+    assert manifest_of(tmp_path / "d.zarr").extra["skipped"] == report.skipped

@@ -184,8 +184,10 @@ def plan(
     files = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else list(src)
     path = files[0] if len(files) == 1 else f"{len(files)} sources ({files[0]}, ...)"
     from zstore.convert._scan import scan_all  # it builds on this module
+    from zstore.convert._skipped import summarize
 
-    items, skipped = scan_all(files, pool)
+    items, left = scan_all(files, pool)
+    skipped = summarize(left)  # one line per kind of thing left out
     names = _check_same_arrays(items, path)
     given = dict(rates or {})
     if optional:

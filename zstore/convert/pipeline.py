@@ -20,6 +20,7 @@ from zstore.convert._corpus import expand_sources
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
 from zstore.convert._items import Job, compressors
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
+from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._tasks import cluster_client, local_pool
@@ -388,8 +389,14 @@ def _convert(
             f"{dst}: cannot create the store there ({e}); choose a writable destination"
         ) from None
     total_src = sum(it.nbytes for it in source.items)
-    for s in source.skipped:
+    for s in source.skipped[:MAX_WARNINGS]:
         warnings.warn(f"{job.src}: skipping {s}", stacklevel=3)
+    if len(source.skipped) > MAX_WARNINGS:
+        warnings.warn(
+            f"{job.src}: skipping {len(source.skipped) - MAX_WARNINGS} more kinds of "
+            "things; the report lists them, and 'zstore info --json DST' once converted",
+            stacklevel=3,
+        )
     own = dataclasses.replace(source, items=packs.own)
     if root is None:  # finished earlier from the same source and options
         if verify:

@@ -1,0 +1,47 @@
+"""What a conversion leaves out of its sources, said once per kind.
+
+The scan names each thing it leaves out, ``"<path>: <why>"`` (a string dataset, a
+dangling link, ...).  A corpus keeps the same thing in every group (a transcript as a
+string dataset in each utterance's group), so one line per path made two warnings and
+two report lines per item, and a manifest root header that grew with the corpus and
+is read by every process that opens the store.  :func:`summarize` makes one line of
+every dataset name left out for the same reason, with how many groups and the first
+few, and keeps the list to :data:`MAX_LINES`.
+"""
+
+from __future__ import annotations
+
+#: lines of what was left out that a conversion keeps (in its report and the manifest)
+MAX_LINES = 100
+#: groups named in a line that stands for several
+SHOWN = 3
+#: lines of it said as warnings (the report and ``zstore info --json`` have the rest)
+MAX_WARNINGS = 10
+
+
+def summarize(skipped: list[str]) -> list[str]:
+    """``skipped`` with the entries that leave out a dataset of the same name for the
+    same reason in several groups made one line (``"text: non-numeric dtype object, in
+    300 groups (rec_000, rec_001, rec_002 and 297 more)"``), in the order each kind was
+    first met; the others as they are; at most MAX_LINES lines, the last counting the
+    rest."""
+    kinds: dict[tuple[str, str], list[str]] = {}
+    first: dict[tuple[str, str], str] = {}
+    for entry in skipped:
+        path, sep, why = entry.partition(": ")
+        where, _, name = path.rpartition("/")
+        kind = (name, why) if sep else (entry, "")
+        kinds.setdefault(kind, []).append(where)
+        first.setdefault(kind, entry)
+    lines = []
+    for (name, why), groups in kinds.items():
+        if len(groups) == 1:
+            lines.append(first[(name, why)])
+            continue
+        shown = ", ".join(g or "/" for g in groups[:SHOWN])
+        more = f" and {len(groups) - SHOWN:,} more" if len(groups) > SHOWN else ""
+        lines.append(f"{name}: {why}, in {len(groups):,} groups ({shown}{more})")
+    if len(lines) > MAX_LINES:
+        rest = len(lines) - (MAX_LINES - 1)
+        lines = lines[: MAX_LINES - 1] + [f"... and {rest:,} more left out"]
+    return lines

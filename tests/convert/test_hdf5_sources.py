@@ -337,3 +337,59 @@ def test_what_is_left_out_is_said_in_at_most_a_hundred_lines(tmp_path):
     warned = [str(w.message) for w in said if "skipping" in str(w.message)]
     assert len(warned) <= 11
     assert manifest_of(tmp_path / "d.zarr").extra["skipped"] == report.skipped
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0])
+def test_groups_written_in_either_byte_order_convert_as_one_array(tmp_path, pack_seconds):
+    """Files written on other machines or by other tools hold big-endian datasets beside
+    little-endian ones; the store holds little-endian values either way (an array whose
+    groups differed in byte order only was refused as two dtypes).  Appending a
+    big-endian file keeps the store's dtype."""
+    rng = np.random.default_rng(11)
+
+    def write(path: Path, orders: str, tag: str) -> str:
+        with h5py.File(path, "w") as f:
+            for i, order in enumerate(orders):
+                n = 16000 * (2 + i)
+                g = f.create_group(f"{tag}{i}")
+                g["wav"] = (rng.integers(-3000, 3000, (2, n)) / 32768).astype(f"{order}f4")
+                g["lab"] = rng.integers(0, 5, n // 160).astype(f"{order}i4")
+        return str(path)
+
+    first, more = write(tmp_path / "a.h5", "<><", "a"), write(tmp_path / "b.h5", ">>", "b")
+    store = tmp_path / "s.zarr"
+    rates = {"wav": 16000, "lab": 100}
+    zstore.convert(
+        first,
+        store,
+        rates=rates,
+        verify=True,
+        workers=1,
+        progress=False,
+        pack_seconds=pack_seconds,
+    )
+    zstore.append(more, store, verify=True, workers=1, progress=False)
+    ds = zstore.WindowDataset(store, window_seconds=None, cache=False)
+    assert len(ds) == 5
+    for i in range(len(ds)):
+        got = ds[i]
+        with h5py.File(first if got["item"].startswith("a") else more) as f:
+            for name in ("wav", "lab"):
+                np.testing.assert_array_equal(got[name].numpy(), f[got["item"]][name][()])
+    assert ds[0]["wav"].numpy().dtype == np.float32
+
+
+def test_an_array_of_two_dtypes_or_ranks_is_refused_naming_both_groups(tmp_path):
+    def write(path: Path, second) -> str:
+        with h5py.File(path, "w") as f:
+            f["r0/wav"] = np.zeros((2, 16000), np.float32)
+            f["r1/wav"] = second
+        return str(path)
+
+    wider = write(tmp_path / "d.h5", np.zeros((2, 16000), np.float64))
+    with pytest.raises(zstore.SourceError, match=r"'r1/wav' is float64 but 'r0/wav' is float32"):
+        zstore.convert(wider, tmp_path / "d.zarr", rates={"wav": 16000}, progress=False)
+    flat = write(tmp_path / "n.h5", np.zeros(16000, np.float32))
+    with pytest.raises(zstore.SourceError, match=r"'r1/wav' has 1 dimensions .* 'r0/wav' has 2"):
+        zstore.convert(flat, tmp_path / "n.zarr", rates={"wav": 16000}, progress=False)
+    assert not (tmp_path / "d.zarr").exists() and not (tmp_path / "n.zarr").exists()

@@ -88,17 +88,27 @@ def open_source(src: str | os.PathLike[str]) -> h5py.File:
 
 def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
     """Every array name; an array may be missing from some items (stored where present),
-    but its dtype and number of dimensions must agree wherever it is."""
+    but its dtype (byte order aside) and number of dimensions must agree wherever it is."""
     names = sorted({n for it in items for n in it.shapes})
     first = {n: next(it for it in items if n in it.shapes) for n in names}
     for it in items:
         for n in it.shapes:
             ref = first[n]
-            if it.dtypes[n] != ref.dtypes[n] or len(it.shapes[n]) != len(ref.shapes[n]):
+            # byte order aside: the store holds little-endian values whatever the file's
+            if it.dtypes[n].newbyteorder("=") != ref.dtypes[n].newbyteorder("="):
                 raise SourceError(
-                    f"{src}: array '{it.name}/{n}' has dtype {it.dtypes[n]} and shape "
-                    f"{it.shapes[n]}, but '{ref.name}/{n}' has dtype {ref.dtypes[n]} and "
-                    f"shape {ref.shapes[n]}; make them agree"
+                    f"{src}: '{it.name}/{n}' is {it.dtypes[n]} but '{ref.name}/{n}' is "
+                    f"{ref.dtypes[n]}: an array has one dtype in every group of a store; "
+                    "cast one of them in the HDF5 file, or convert those groups to a store "
+                    "of their own"
+                )
+            if len(it.shapes[n]) != len(ref.shapes[n]):
+                raise SourceError(
+                    f"{src}: '{it.name}/{n}' has {len(it.shapes[n])} dimensions (shape "
+                    f"{it.shapes[n]}) but '{ref.name}/{n}' has {len(ref.shapes[n])} (shape "
+                    f"{ref.shapes[n]}): an array has the same number of dimensions in "
+                    "every group of a store; reshape one of them in the HDF5 file, or "
+                    "convert those groups to a store of their own"
                 )
     return names
 

@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import json
 import math
 import multiprocessing as mp
+import warnings
 from pathlib import Path
 
 import h5py
@@ -393,3 +394,91 @@ def test_an_array_of_two_dtypes_or_ranks_is_refused_naming_both_groups(tmp_path)
     with pytest.raises(zstore.SourceError, match=r"'r1/wav' has 1 dimensions .* 'r0/wav' has 2"):
         zstore.convert(flat, tmp_path / "n.zarr", rates={"wav": 16000}, progress=False)
     assert not (tmp_path / "d.zarr").exists() and not (tmp_path / "n.zarr").exists()
+
+
+def test_groups_with_no_time_array_are_left_out_of_the_windows(tmp_path):
+    """A speaker's group holds its embedding, its utterances' groups below it hold the
+    audio: every group with datasets is an item, and the speakers' have no time array.
+    Windows are cut from the items that have one, with a warning naming the others (the
+    default fields were 'the time arrays every item has': none, and the error said
+    "no array(s) [] in the store")."""
+    rng = np.random.default_rng(2)
+    src = tmp_path / "n.h5"
+    with h5py.File(src, "w") as f:
+        for s in range(3):
+            f[f"spk{s}/xvector"] = rng.standard_normal(192).astype(np.float32)
+            for u in range(4):
+                n = 16000 * (11 + u)
+                f[f"spk{s}/utt{u}/wav"] = (rng.integers(-3000, 3000, (1, n)) / 32768).astype(
+                    np.float32
+                )
+    store = tmp_path / "n.zarr"
+    zstore.convert(src, store, rates={"wav": 16000}, workers=1, progress=False)
+    assert len(manifest_of(store).items) == 15
+    with pytest.warns(UserWarning, match=r"3 of 15 item\(s\) have no time array.*'spk0'"):
+        ds = zstore.WindowDataset(store, window_seconds=2.0, windows_per_item=2, cache=False)
+    assert len(ds) == 24 and not ds.short_items
+    with h5py.File(src) as f:
+        for i in range(len(ds)):
+            got = ds[i]
+            start = int(round(got["start"] * 16000))
+            want = f[got["item"]]["wav"][:, start : start + 32000]
+            np.testing.assert_array_equal(got["wav"].numpy(), want)
+    whole = zstore.WindowDataset(
+        store, window_seconds=None, fields=["xvector"], missing="skip", cache=False
+    )
+    assert len(whole) == 3 and whole[0]["xvector"].shape == (192,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the speakers' groups were not asked for
+        items = zstore.WindowDataset(store, window_seconds=2.0, items=["spk1/utt2"], cache=False)
+    assert len(items) == 1 and items[0]["item"] == "spk1/utt2"
+    with pytest.warns(UserWarning, match=r"1 of 15 item\(s\) have no time array.*'spk2'"):
+        asked = zstore.WindowDataset(
+            store, window_seconds=2.0, items=["spk2", "spk2/utt0"], cache=False
+        )
+    assert len(asked) == 1
+
+
+def test_no_time_array_in_every_recording_says_which_are_where(tmp_path):
+    """Half the groups hold only 'wav', half only 'act': no default field serves every
+    item, and the error says where each time array is and what to pass."""
+    src = tmp_path / "h.h5"
+    with h5py.File(src, "w") as f:
+        for i in range(4):
+            name = "wav" if i % 2 else "act"
+            f[f"r{i}/{name}"] = np.zeros((1, 16000 * 3 if name == "wav" else 300), np.float32)
+    store = tmp_path / "h.zarr"
+    zstore.convert(src, store, rates={"wav": 16000, "act": 100}, workers=1, progress=False)
+    with pytest.raises(zstore.ConfigError) as e:
+        zstore.WindowDataset(store, window_seconds=1.0, cache=False)
+    said = str(e.value)
+    assert "no time array is in every item" in said
+    assert "'act' in 2 of 4 items" in said and "'wav' in 2 of 4 items" in said
+    assert "fields=['act'], missing='skip'" in said
+
+
+def test_items_left_out_for_a_missing_field_are_not_called_short(tmp_path):
+    """With missing='skip', items without a field asked for are left out before the
+    window's length is checked: short='error' used to name them as shorter than the
+    window (their length of the field they lack is 0)."""
+    src = speech(
+        tmp_path / "m.h5",
+        [3.0, 4.0, 5.0],
+        lambda g, i: (
+            g.create_dataset("ref", data=np.zeros((1, g["wav"].shape[1]), np.float32))
+            if i
+            else None
+        ),
+    )
+    store = tmp_path / "m.zarr"
+    zstore.convert(src, store, rates={"wav": 16000, "ref": 16000}, workers=1, progress=False)
+    with pytest.warns(UserWarning, match="'rec_000'"):
+        ds = zstore.WindowDataset(
+            store,
+            window_seconds=2.0,
+            fields=["wav", "ref"],
+            missing="skip",
+            short="error",
+            cache=False,
+        )
+    assert len(ds) == 2 and {ds[0]["item"], ds[1]["item"]} == {"rec_001", "rec_002"}

@@ -85,14 +85,15 @@ class DatasetSetup:
         reader: WindowReader
         _selected: list[str] | None
         _lacking_said: bool
+        _untimed_said: bool
 
     def _setup(self) -> None:
         manifest = self.reader.open().manifest
-        names = (
-            self.fields
-            if self.fields is not None
-            else [n for n in manifest.time_arrays if manifest.items_with(n) is None]
-        )
+        untimed = np.zeros(0, dtype=np.int64)
+        if self.fields is not None:
+            names = self.fields
+        else:
+            names, untimed = self._default_fields(manifest)
         unknown = [n for n in names if n not in manifest.arrays]
         if not names and not manifest.time_arrays:
             raise ConfigError(
@@ -136,7 +137,7 @@ class DatasetSetup:
             self._lengths: Any = np.zeros(len(manifest.items), dtype=np.int64)
         else:
             self._lengths = ItemLengths(manifest.lengths, self._rates, self._coarse)
-        if self._all_usable(manifest, names):
+        if not len(untimed) and self._all_usable(manifest, names):
             # Nothing to filter: no per-item arrays, so opening costs the same at any
             # size, in this process and in every worker that unpickles the dataset.
             self._index: Any = range(len(manifest.items))
@@ -145,11 +146,10 @@ class DatasetSetup:
             return
         if self._coarse is not None:
             self._lengths = self._lengths[:]
-        self._index, short = usable_items(self._lengths, self._window, self.short, self._items)
-        lacking = self._lacking(manifest, names)
-        if len(lacking):
-            self._index = np.setdiff1d(self._index, lacking)
-            short = np.setdiff1d(short, lacking)
+        lacking = np.union1d(self._lacking(manifest, names, untimed), untimed)
+        self._index, short = usable_items(
+            self._lengths, self._window, self.short, self._items, lacking
+        )
         if self._selected is not None:  # an item list: its items, in its order
             usable = np.zeros(len(self._items), dtype=bool)
             usable[self._index] = True
@@ -177,18 +177,56 @@ class DatasetSetup:
         mins = {n: np.asarray([shortest[n]], dtype=np.int64) for n in self._rates}
         return int(common_lengths(mins, self._rates, self._coarse)[0]) >= self._window
 
-    def _lacking(self, manifest: Any, names: list[str]) -> np.ndarray:
-        """Items without some of ``names``: an error (``missing="error"``), or left out
-        with a warning (``missing="skip"``) when the dataset is built."""
+    def _default_fields(self, manifest: Any) -> tuple[list[str], np.ndarray]:
+        """The fields read when none are named: the time arrays that every item with a
+        time array has; and the items with none (a speaker's group holding its
+        embedding above its utterances' groups), left out with a warning.  Without a
+        time array in every such item, an error says where each one is."""
+        n = len(manifest.items)
+        present = {name: _mask(manifest, name) for name in manifest.time_arrays}
+        timed = np.zeros(n, dtype=bool)
+        for mask in present.values():
+            timed |= mask
+        names = [name for name, mask in present.items() if mask[timed].all()]
+        if not names and present:
+            where = ", ".join(
+                f"'{name}' in {int(mask.sum())} of {n} items" for name, mask in present.items()
+            )
+            first = max(present, key=lambda name: int(present[name].sum()))
+            raise ConfigError(
+                f"{self.url}: no time array is in every item that has one ({where}); "
+                f"name the fields to read and leave out the items without them, e.g. "
+                f"fields=[{first!r}], missing='skip'"
+            )
+        untimed = np.flatnonzero(~timed)
+        said = untimed  # of the items asked for: an item list's, or every one
+        if self._selected is not None:
+            said = np.intersect1d(untimed, [manifest.position(i) for i in self._selected])
+        if len(said) and not getattr(self, "_untimed_said", False):
+            self._untimed_said = True
+            shown = ", ".join(repr(manifest.items[i]) for i in said[:5])
+            more = f" and {len(said) - 5} more" if len(said) > 5 else ""
+            warnings.warn(
+                f"{self.url}: {len(said)} of {n} item(s) have no time array, so no "
+                f"window can be cut from them: {shown}{more}; left out (read their arrays "
+                "whole with fields=[...], window_seconds=None)",
+                stacklevel=4,
+            )
+        return names, untimed
+
+    def _lacking(
+        self, manifest: Any, names: list[str], untimed: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Items without some of ``names`` (other than the ``untimed`` ones, left out
+        already): an error (``missing="error"``), or left out with a warning
+        (``missing="skip"``) when the dataset is built."""
         if all(manifest.items_with(n) is None for n in names):
             return np.zeros(0, dtype=np.int64)
         has_all = np.ones(len(manifest.items), dtype=bool)
         for name in names:
-            have = manifest.items_with(name)
-            if have is not None:
-                mask = np.zeros(len(manifest.items), dtype=bool)
-                mask[have] = True
-                has_all &= mask
+            has_all &= _mask(manifest, name)
+        if untimed is not None:
+            has_all[untimed] = True
         lacking = np.flatnonzero(~has_all)
         if not len(lacking) or self._lacking_said:
             return lacking
@@ -220,3 +258,13 @@ class DatasetSetup:
                     f"{nbytes / 2**30:.1f} GiB (more than {MAX_WINDOW_BYTES // 2**30} GiB); "
                     "use a shorter window, or window_seconds=None for whole items"
                 )
+
+
+def _mask(manifest: Any, name: str) -> np.ndarray:
+    """Which items have array ``name``."""
+    have = manifest.items_with(name)
+    if have is None:
+        return np.ones(len(manifest.items), dtype=bool)
+    mask = np.zeros(len(manifest.items), dtype=bool)
+    mask[have] = True
+    return mask

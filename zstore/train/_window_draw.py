@@ -46,16 +46,24 @@ class Window:
 
 
 def usable_items(
-    lengths: np.ndarray, window: int | None, short: str, names: Sequence[str]
+    lengths: np.ndarray,
+    window: int | None,
+    short: str,
+    names: Sequence[str],
+    leave_out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(indices of the items the dataset serves, indices of items shorter than the window)."""
+    """(indices of the items the dataset serves, indices of items shorter than the window);
+    the items of ``leave_out`` are neither (left out for another reason)."""
     if short not in SHORT_POLICIES:
         raise ConfigError(f"short must be one of {SHORT_POLICIES}, got {short!r}")
     lengths = np.asarray(lengths, dtype=np.int64)
     every = np.arange(len(lengths), dtype=np.int64)
+    keep = np.ones(len(lengths), dtype=bool)
+    if leave_out is not None:
+        keep[leave_out] = False
     if window is None:
-        return every, every[:0]
-    short_items = np.flatnonzero(lengths < window)
+        return every[keep], every[:0]
+    short_items = np.flatnonzero((lengths < window) & keep)
     if short == "error" and len(short_items):
         shown = ", ".join(f"{names[i]} ({lengths[i]} < {window})" for i in short_items[:10])
         more = f" and {len(short_items) - 10} more" if len(short_items) > 10 else ""
@@ -65,8 +73,8 @@ def usable_items(
             "window"
         )
     if short == "skip":
-        return np.flatnonzero(lengths >= window), short_items
-    return every, short_items
+        return np.flatnonzero((lengths >= window) & keep), short_items
+    return every[keep], short_items
 
 
 def window_for(

@@ -47,8 +47,9 @@ class WindowDataset(DatasetSetup, torch.utils.data.Dataset):
 
     Args:
         url: the store (path or fsspec URL) written by ``zstore convert``.
-        fields: arrays to read (default: every time array that every item has).  Non-time arrays are
-            returned whole.
+        fields: arrays to read (default: the time arrays that every item with a time
+            array has; items with none are left out, with a warning).  Non-time arrays
+            are returned whole.
         window_seconds: window duration; ``None`` returns whole items.
         seed: the draw's seed.
         short: items shorter than the window: ``"pad"`` (zero-pad; ``length``
@@ -110,6 +111,7 @@ class WindowDataset(DatasetSetup, torch.utils.data.Dataset):
             raise ConfigError(f"missing must be 'error' or 'skip', got {missing!r}")
         self.missing = missing
         self._lacking_said = False
+        self._untimed_said = False
         self._warned_epoch = False
         self.reader = WindowReader(
             self.url,

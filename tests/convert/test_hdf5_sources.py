@@ -413,7 +413,8 @@ def test_groups_with_no_time_array_are_left_out_of_the_windows(tmp_path):
                     np.float32
                 )
     store = tmp_path / "n.zarr"
-    zstore.convert(src, store, rates={"wav": 16000}, workers=1, progress=False)
+    report = zstore.convert(src, store, rates={"wav": 16000}, workers=1, progress=False)
+    assert "no time axis proven (never in the same item as 'wav')" in str(report)
     assert len(manifest_of(store).items) == 15
     with pytest.warns(UserWarning, match=r"3 of 15 item\(s\) have no time array.*'spk0'"):
         ds = zstore.WindowDataset(store, window_seconds=2.0, windows_per_item=2, cache=False)

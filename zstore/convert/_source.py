@@ -294,7 +294,7 @@ def _inferred(
     both = with_both[ref]
     seen = len({it.shapes[ref][info.time_axis] for it in both})  # type: ignore[index]
     why = (
-        "in no item with it"
+        f"never in the same item as '{ref}'"
         if not both
         else f"in {len(both)} item(s) of {seen} length(s)"
         if seen < 2

@@ -182,6 +182,8 @@ class DatasetSetup:
         time array has; and the items with none (a speaker's group holding its
         embedding above its utterances' groups), left out with a warning.  Without a
         time array in every such item, an error says where each one is."""
+        if all(manifest.items_with(name) is None for name in manifest.time_arrays):
+            return list(manifest.time_arrays), np.zeros(0, dtype=np.int64)  # any size: O(1)
         n = len(manifest.items)
         present = {name: _mask(manifest, name) for name in manifest.time_arrays}
         timed = np.zeros(n, dtype=bool)

@@ -1,4 +1,5 @@
 import json
+import os
 import signal
 import subprocess
 import warnings
@@ -296,6 +297,31 @@ def test_destination_with_another_store_is_refused(small_h5, tmp_path):
         zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False)
     zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False, overwrite=True)
     assert len(manifest_of(dst).items) == 6
+
+
+def test_a_refused_rerun_says_what_differs_from_the_store(tmp_path):
+    """The refusal to write over a store converted otherwise says how: the options that
+    differ (there and now), a source not given now or new, a source changed since (it
+    said "another source or other options", and a source merely touched read as
+    another).  The store is left as it was."""
+    src = write_h5(tmp_path / "a.h5", {"x": {"wav": np.zeros((1, 3200), np.float32)}})
+    more = write_h5(tmp_path / "b.h5", {"y": {"wav": np.zeros((1, 3200), np.float32)}})
+    dst = tmp_path / "s.zarr"
+    zstore.convert(src, dst, rates={"wav": 16000}, workers=1, progress=False)
+    root = (dst / "zarr.json").read_bytes()
+    cases = [
+        ([src], {"wav": 8000}, r"rates \{'wav': 16000.0\} there, \{'wav': 8000.0\} now"),
+        ([src, more], {"wav": 16000}, r"sources not in it: .*b\.h5"),
+    ]
+    for sources, rates, said in cases:
+        with pytest.raises(zstore.DestinationError, match=said):
+            zstore.convert(sources, dst, rates=rates, workers=1, progress=False)
+    st = Path(src).stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(zstore.DestinationError, match=r"a\.h5 changed since") as e:
+        zstore.convert(src, dst, rates={"wav": 16000}, workers=1, progress=False)
+    assert "--overwrite" in str(e.value) and "rates" not in str(e.value)
+    assert (dst / "zarr.json").read_bytes() == root
 
 
 def test_non_empty_destination_is_refused(small_h5, tmp_path):

@@ -110,3 +110,28 @@ def fingerprint(files: list[str], options: dict[str, Any]) -> dict[str, Any]:
             st = os.stat(f)
             out.append({"source": source_name(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     return {"sources": out, "options": options}
+
+
+def differences(old: Any, new: dict[str, Any]) -> str:
+    """How the conversion that wrote a store (its fingerprint ``old``) differs from this
+    one (``new``), for the refusal to write over it: "another source or other options"
+    said nothing of which, and a source merely touched since read as another."""
+    if not isinstance(old, dict):
+        return "another source or other options"
+    said = []
+    before = {s.get("source"): s for s in old.get("sources", []) if isinstance(s, dict)}
+    now = {s["source"]: s for s in new["sources"]}
+    gone = sorted(str(f) for f in set(before) - set(now))
+    added = sorted(set(now) - set(before))
+    if gone:
+        said.append(f"sources not given now: {', '.join(gone[:3])}")
+    if added:
+        said.append(f"sources not in it: {', '.join(added[:3])}")
+    changed = [f for f in now if f in before and before[f] != now[f]]
+    if changed:
+        said.append(f"{', '.join(changed[:3])} changed since (size or modification time)")
+    options, was = new.get("options", {}), old.get("options", {})
+    for key in sorted(set(options) | set(was)):
+        if options.get(key) != was.get(key):
+            said.append(f"{key} {was.get(key)!r} there, {options.get(key)!r} now")
+    return "; ".join(said) or "another source or other options"

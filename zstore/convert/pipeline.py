@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from zstore.convert._corpus import differences as corpus_differences
 from zstore.convert._corpus import expand_sources
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
 from zstore.convert._items import Job, compressors
@@ -222,7 +223,7 @@ def _prepare_destination(
             raise DestinationError(
                 f"{dst} already holds a zstore store "
                 f"{'converted' if MANIFEST_ATTR in attrs else 'begun'} otherwise "
-                f"({differences(old, fingerprint)}); pass --overwrite to replace it, or "
+                f"({corpus_differences(old, fingerprint)}); pass --overwrite to replace it, or "
                 "--append to add a new source's items to a finished store"
             )
         raise DestinationError(
@@ -237,31 +238,6 @@ def _prepare_destination(
     root = zarr.open_group(store, mode="a")
     root.attrs.put({PROGRESS_ATTR: fingerprint})
     return root, True
-
-
-def differences(old: Any, new: dict[str, Any]) -> str:
-    """How the conversion that wrote a store (its fingerprint ``old``) differs from this
-    one (``new``), for the refusal to write over it: "another source or other options"
-    said nothing of which, and a source merely touched since read as another."""
-    if not isinstance(old, dict):
-        return "another source or other options"
-    said = []
-    before = {s.get("source"): s for s in old.get("sources", []) if isinstance(s, dict)}
-    now = {s["source"]: s for s in new["sources"]}
-    gone = sorted(str(f) for f in set(before) - set(now))
-    added = sorted(set(now) - set(before))
-    if gone:
-        said.append(f"sources not given now: {', '.join(gone[:3])}")
-    if added:
-        said.append(f"sources not in it: {', '.join(added[:3])}")
-    changed = [f for f in now if f in before and before[f] != now[f]]
-    if changed:
-        said.append(f"{', '.join(changed[:3])} changed since (size or modification time)")
-    options, was = new.get("options", {}), old.get("options", {})
-    for key in sorted(set(options) | set(was)):
-        if options.get(key) != was.get(key):
-            said.append(f"{key} {was.get(key)!r} there, {options.get(key)!r} now")
-    return "; ".join(said) or "another source or other options"
 
 
 def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:

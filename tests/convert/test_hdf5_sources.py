@@ -483,3 +483,20 @@ def test_items_left_out_for_a_missing_field_are_not_called_short(tmp_path):
             cache=False,
         )
     assert len(ds) == 2 and {ds[0]["item"], ds[1]["item"]} == {"rec_001", "rec_002"}
+
+
+def test_an_attribute_with_no_value_is_null(tmp_path):
+    """``h5py.Empty`` (an HDF5 attribute with a type and no value, as MATLAB and some
+    tools write) is null in the store's attributes and in what ``items=`` callables
+    see; it was the string "Empty(dtype=dtype('<f4'))"."""
+    src = speech(
+        tmp_path / "e.h5", [1.0, 2.0], lambda g, i: g.attrs.create("gain", h5py.Empty("f"))
+    )
+    store = tmp_path / "e.zarr"
+    zstore.convert(src, store, rates={"wav": 16000}, workers=1, progress=False, pack_seconds=0)
+    assert zarr.open_group(store, mode="r")["rec_000"].attrs["gain"] is None
+    seen = []
+    zstore.WindowDataset(
+        store, window_seconds=1.0, items=lambda n, a: seen.append(a["gain"]) or True, cache=False
+    )
+    assert seen == [None, None]

@@ -104,6 +104,8 @@ def _low_level(
 
 
 def _value(value: Any, file: Any, flag: list[bool]) -> Any:
+    if isinstance(value, h5py.Empty):  # an attribute with a type and no value
+        return None
     if isinstance(value, (h5py.Reference, h5py.RegionReference)):
         return _target(value, file)
     if isinstance(value, bytes):

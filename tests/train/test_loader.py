@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from conftest import write_h5
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
@@ -272,3 +273,20 @@ def test_the_copy_threads_share_a_batchs_heavy_field(small_store, cache, monkeyp
     for a, b in zip(got, reference):
         same(a, b)
     assert len(threads) == 2
+
+
+def test_a_batch_of_two_shapes_names_the_item_of_the_other(tmp_path):
+    """Recordings of 2 and 3 microphones in one store read one by one, but not as one
+    batch: the error names the item whose windows have the other shape."""
+    items = {
+        f"r{i}": {"wav": np.zeros((3 if i == 4 else 2, 16000 * (2 + i)), np.float32)}
+        for i in range(6)
+    }
+    store = tmp_path / "s.zarr"
+    zstore.convert(
+        write_h5(tmp_path / "m.h5", items), store, rates={"wav": 16000}, workers=1, progress=False
+    )
+    ds = zstore.WindowDataset(store, window_seconds=1.0, cache=False)
+    assert ds[4]["wav"].shape == (3, 16000) and ds[0]["wav"].shape == (2, 16000)
+    with pytest.raises(zstore.LoaderError, match=r"'r4' has 'wav' windows of shape \(3, 16000\)"):
+        list(zstore.WindowLoader(ds, batch_size=6))

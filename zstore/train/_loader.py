@@ -227,10 +227,32 @@ class WindowLoader:
             for (item, _, start, _), i in zip(located[:4], indices[:4])
         )
         more = f" and {len(indices) - 4} more" if len(indices) > 4 else ""
+        odd = self._odd_shape(located) if isinstance(e, ValueError) else None
         return LoaderError(
             f"{self.dataset.url}: reading the batch of windows {names}{more} "
-            f"failed: {type(e).__name__}: {e}"
+            f"failed: {type(e).__name__}: {e}" + (f" ({odd})" if odd else "")
         )
+
+    def _odd_shape(self, located: list[Any]) -> str | None:
+        """Which window of a batch has another shape than the first (apart from time:
+        the windows of one batch share it), to name its item in the error."""
+        try:
+            first, spans, _, _ = located[0]
+            want = {
+                n: window_shape(self.dataset.reader.layout(first, n), s) for n, s in spans.items()
+            }
+            for item, spans, _, _ in located[1:]:
+                for name, span in spans.items():
+                    got = window_shape(self.dataset.reader.layout(item, name), span)
+                    if got != want[name]:
+                        return (
+                            f"'{item}' has '{name}' windows of shape {got} where '{first}' "
+                            f"has {want[name]}: batch items of one shape together, or "
+                            "read such items one by one (ds[i])"
+                        )
+        except Exception:  # the error being reported is the one that matters
+            return None
+        return None
 
     def _buffers(self, located: list[Any]) -> _Buffers:
         """A free set of batch buffers of the right shapes (new if none is free)."""

@@ -500,3 +500,29 @@ def test_an_attribute_with_no_value_is_null(tmp_path):
         store, window_seconds=1.0, items=lambda n, a: seen.append(a["gain"]) or True, cache=False
     )
     assert seen == [None, None]
+
+
+def test_what_appends_leave_out_stays_within_a_hundred_lines(tmp_path):
+    """Each append adds what its file left out to the manifest; however many appends, the
+    list keeps a hundred lines, the last counting the rest."""
+
+    def source(k: int) -> str:
+        src = speech(
+            tmp_path / f"f{k}.h5",
+            [0.5] * 60,
+            lambda g, i: g.__setitem__(f"ref_{i}", h5py.SoftLink(f"/nowhere/{k}/{i}")),
+        )
+        with h5py.File(src, "a") as f:  # the files' items named apart
+            for i in range(60):
+                f.move(f"rec_{i:03d}", f"f{k}_{i:03d}")
+        return src
+
+    store = tmp_path / "s.zarr"
+    with pytest.warns(UserWarning, match="skipping"):
+        zstore.convert(source(0), store, rates={"wav": 16000}, workers=1, progress=False)
+    for k in (1, 2):
+        zstore.append(source(k), store, workers=1, progress=False)
+    skipped = manifest_of(store).extra["skipped"]
+    assert len(skipped) == 100 and skipped[-1] == "... and 81 more left out"
+    assert "f0_000/ref_0: soft link to /nowhere/0/0, which does not exist" in skipped
+    assert len(manifest_of(store).items) == 180

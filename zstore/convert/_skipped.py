@@ -11,6 +11,8 @@ few, and keeps the list to :data:`MAX_LINES`.
 
 from __future__ import annotations
 
+import re
+
 #: lines of what was left out that a conversion keeps (in its report and the manifest)
 MAX_LINES = 100
 #: groups named in a line that stands for several
@@ -45,3 +47,23 @@ def summarize(skipped: list[str]) -> list[str]:
         rest = len(lines) - (MAX_LINES - 1)
         lines = lines[: MAX_LINES - 1] + [f"... and {rest:,} more left out"]
     return lines
+
+
+_MORE = re.compile(r"\.\.\. and ([\d,]+) more left out")
+
+
+def extend(kept: list[str], new: list[str]) -> list[str]:
+    """A store's list of what was left out (``kept``, the manifest's) with an append's
+    ``new`` lines: at most MAX_LINES in all however many appends there are, the last
+    counting the rest (a store appended to daily would otherwise grow its root header,
+    which every process reads, by up to MAX_LINES lines a day)."""
+    more = 0
+    lines: list[str] = []
+    for part in (kept, new):
+        if part and (m := _MORE.fullmatch(part[-1])):
+            more += int(m.group(1).replace(",", ""))
+            part = part[:-1]
+        lines += part
+    room = MAX_LINES - 1 if more or len(lines) > MAX_LINES else MAX_LINES
+    more += max(0, len(lines) - room)
+    return lines[:room] + ([f"... and {more:,} more left out"] if more else [])

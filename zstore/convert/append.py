@@ -23,6 +23,7 @@ import numpy as np
 from zstore.convert._corpus import expand_sources, file_identity, identity_mark, source_name, stems
 from zstore.convert._items import Job
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
+from zstore.convert._skipped import extend
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
@@ -368,7 +369,7 @@ def _extended(
     extra["sources"] = list(extra.get("sources", [])) + [i["source"] for i in identities]
     extra["appended"] = list(extra.get("appended", [])) + identities
     if source.skipped:
-        extra["skipped"] = list(extra.get("skipped", [])) + list(source.skipped)
+        extra["skipped"] = extend(list(extra.get("skipped", [])), list(source.skipped))
     extra["store_bytes"] = nbytes
     names = list(manifest.items) + [it.name for it in source.items]
     packed_arrays = sorted({n for g in packs.groups for n in g.shapes})

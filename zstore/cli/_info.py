@@ -136,9 +136,9 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
     skipped = list(manifest.extra.get("skipped", []))
     info["skipped"] = skipped
     if skipped:
-        lines.append(f"left out of the sources ({len(skipped)}):")
+        lines.append("left out of the sources:")  # a line per kind (convert/_skipped.py)
         lines += [f"  {s}" for s in skipped[:10]]
         if len(skipped) > 10:
-            lines.append(f"  ... and {len(skipped) - 10} more (zstore info --json)")
+            lines.append(f"  ... and {len(skipped) - 10} more lines (zstore info --json)")
     info["text"] = "\n".join(lines)
     return info

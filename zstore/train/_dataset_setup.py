@@ -201,11 +201,13 @@ class DatasetSetup:
                 f"fields=[{first!r}], missing='skip'"
             )
         untimed = np.flatnonzero(~timed)
+        if not len(untimed) or getattr(self, "_untimed_said", False):
+            return names, untimed
         said = untimed  # of the items asked for: an item list's, or every one
         if self._selected is not None:
             said = np.intersect1d(untimed, [manifest.position(i) for i in self._selected])
-        if len(said) and not getattr(self, "_untimed_said", False):
-            self._untimed_said = True
+        self._untimed_said = True  # settled for this dataset, and the workers it reaches
+        if len(said):
             shown = ", ".join(repr(manifest.items[i]) for i in said[:5])
             more = f" and {len(said) - 5} more" if len(said) > 5 else ""
             warnings.warn(

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import cli, manifest_of
+from conftest import cli, manifest_of, write_h5
 
 import zstore
 
@@ -349,13 +349,14 @@ def test_groups_written_in_either_byte_order_convert_as_one_array(tmp_path, pack
     rng = np.random.default_rng(11)
 
     def write(path: Path, orders: str, tag: str) -> str:
-        with h5py.File(path, "w") as f:
-            for i, order in enumerate(orders):
-                n = 16000 * (2 + i)
-                g = f.create_group(f"{tag}{i}")
-                g["wav"] = (rng.integers(-3000, 3000, (2, n)) / 32768).astype(f"{order}f4")
-                g["lab"] = rng.integers(0, 5, n // 160).astype(f"{order}i4")
-        return str(path)
+        groups = {}
+        for i, order in enumerate(orders):
+            n = 16000 * (2 + i)
+            groups[f"{tag}{i}"] = {
+                "wav": (rng.integers(-3000, 3000, (2, n)) / 32768).astype(f"{order}f4"),
+                "lab": rng.integers(0, 5, n // 160).astype(f"{order}i4"),
+            }
+        return write_h5(path, groups)
 
     first, more = write(tmp_path / "a.h5", "<><", "a"), write(tmp_path / "b.h5", ">>", "b")
     store = tmp_path / "s.zarr"
@@ -382,10 +383,9 @@ def test_groups_written_in_either_byte_order_convert_as_one_array(tmp_path, pack
 
 def test_an_array_of_two_dtypes_or_ranks_is_refused_naming_both_groups(tmp_path):
     def write(path: Path, second) -> str:
-        with h5py.File(path, "w") as f:
-            f["r0/wav"] = np.zeros((2, 16000), np.float32)
-            f["r1/wav"] = second
-        return str(path)
+        return write_h5(
+            path, {"r0": {"wav": np.zeros((2, 16000), np.float32)}, "r1": {"wav": second}}
+        )
 
     wider = write(tmp_path / "d.h5", np.zeros((2, 16000), np.float64))
     with pytest.raises(zstore.SourceError, match=r"'r1/wav' is float64 but 'r0/wav' is float32"):
@@ -403,15 +403,13 @@ def test_groups_with_no_time_array_are_left_out_of_the_windows(tmp_path):
     default fields were 'the time arrays every item has': none, and the error said
     "no array(s) [] in the store")."""
     rng = np.random.default_rng(2)
-    src = tmp_path / "n.h5"
-    with h5py.File(src, "w") as f:
-        for s in range(3):
-            f[f"spk{s}/xvector"] = rng.standard_normal(192).astype(np.float32)
-            for u in range(4):
-                n = 16000 * (11 + u)
-                f[f"spk{s}/utt{u}/wav"] = (rng.integers(-3000, 3000, (1, n)) / 32768).astype(
-                    np.float32
-                )
+    groups: dict[str, dict[str, np.ndarray]] = {}
+    for s in range(3):
+        groups[f"spk{s}"] = {"xvector": rng.standard_normal(192).astype(np.float32)}
+        for u in range(4):
+            wav = rng.integers(-3000, 3000, (1, 16000 * (11 + u))) / 32768
+            groups[f"spk{s}/utt{u}"] = {"wav": wav.astype(np.float32)}
+    src = write_h5(tmp_path / "n.h5", groups)
     store = tmp_path / "n.zarr"
     report = zstore.convert(src, store, rates={"wav": 16000}, workers=1, progress=False)
     assert "no time axis proven (never in the same item as 'wav')" in str(report)
@@ -443,11 +441,15 @@ def test_groups_with_no_time_array_are_left_out_of_the_windows(tmp_path):
 def test_no_time_array_in_every_recording_says_which_are_where(tmp_path):
     """Half the groups hold only 'wav', half only 'act': no default field serves every
     item, and the error says where each time array is and what to pass."""
-    src = tmp_path / "h.h5"
-    with h5py.File(src, "w") as f:
-        for i in range(4):
-            name = "wav" if i % 2 else "act"
-            f[f"r{i}/{name}"] = np.zeros((1, 16000 * 3 if name == "wav" else 300), np.float32)
+    src = write_h5(
+        tmp_path / "h.h5",
+        {
+            f"r{i}": {"wav": np.zeros((1, 48000), np.float32)}
+            if i % 2
+            else {"act": np.zeros((1, 300), np.float32)}
+            for i in range(4)
+        },
+    )
     store = tmp_path / "h.zarr"
     zstore.convert(src, store, rates={"wav": 16000, "act": 100}, workers=1, progress=False)
     with pytest.raises(zstore.ConfigError) as e:

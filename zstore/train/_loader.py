@@ -238,29 +238,33 @@ class WindowLoader:
         the windows of one batch share it), to name its item in the error."""
         try:
             first, spans, _, _ = located[0]
-            want = {
-                n: window_shape(self.dataset.reader.layout(first, n), s) for n, s in spans.items()
-            }
+            want = self._shapes(first, spans)
             for item, spans, _, _ in located[1:]:
-                for name, span in spans.items():
-                    got = window_shape(self.dataset.reader.layout(item, name), span)
-                    if got != want[name]:
+                for name, (got, _) in self._shapes(item, spans).items():
+                    if got != want[name][0]:
                         return (
                             f"'{item}' has '{name}' windows of shape {got} where '{first}' "
-                            f"has {want[name]}: batch items of one shape together, or "
+                            f"has {want[name][0]}: batch items of one shape together, or "
                             "read such items one by one (ds[i])"
                         )
         except Exception:  # the error being reported is the one that matters
             return None
         return None
 
-    def _buffers(self, located: list[Any]) -> _Buffers:
-        """A free set of batch buffers of the right shapes (new if none is free)."""
-        item, spans, _, _ = located[0]
+    def _shapes(
+        self, item: str, spans: dict[str, Any]
+    ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """The shape and dtype of ``item``'s window of each field (``spans``)."""
         shapes = {}
         for name, span in spans.items():
             layout = self.dataset.reader.layout(item, name)
             shapes[name] = (window_shape(layout, span), layout.dtype)
+        return shapes
+
+    def _buffers(self, located: list[Any]) -> _Buffers:
+        """A free set of batch buffers of the right shapes (new if none is free)."""
+        item, spans, _, _ = located[0]
+        shapes = self._shapes(item, spans)
         with self._pool_lock:
             found = self._take(shapes)
         return found if found is not None else _Buffers(shapes, self.batch_size, self.pin_memory)

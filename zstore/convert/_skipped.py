@@ -43,10 +43,7 @@ def summarize(skipped: list[str]) -> list[str]:
         shown = ", ".join(g or "/" for g in groups[:SHOWN])
         more = f" and {len(groups) - SHOWN:,} more" if len(groups) > SHOWN else ""
         lines.append(f"{name}: {why}, in {len(groups):,} groups ({shown}{more})")
-    if len(lines) > MAX_LINES:
-        rest = len(lines) - (MAX_LINES - 1)
-        lines = lines[: MAX_LINES - 1] + [f"... and {rest:,} more left out"]
-    return lines
+    return _capped(lines, 0)
 
 
 _MORE = re.compile(r"\.\.\. and ([\d,]+) more left out")
@@ -64,6 +61,12 @@ def extend(kept: list[str], new: list[str]) -> list[str]:
             more += int(m.group(1).replace(",", ""))
             part = part[:-1]
         lines += part
+    return _capped(lines, more)
+
+
+def _capped(lines: list[str], more: int) -> list[str]:
+    """``lines`` and ``more`` lines left out of them, in at most MAX_LINES lines: the
+    last counts what is not shown."""
     room = MAX_LINES - 1 if more or len(lines) > MAX_LINES else MAX_LINES
     more += max(0, len(lines) - room)
     return lines[:room] + ([f"... and {more:,} more left out"] if more else [])

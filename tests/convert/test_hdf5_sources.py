@@ -528,3 +528,94 @@ def test_what_appends_leave_out_stays_within_a_hundred_lines(tmp_path):
     assert len(skipped) == 100 and skipped[-1] == "... and 81 more left out"
     assert "f0_000/ref_0: soft link to /nowhere/0/0, which does not exist" in skipped
     assert len(manifest_of(store).items) == 180
+
+
+def frames_first(path: Path, lengths: list[int]) -> str:
+    """Recordings of int16-valued audio, a bool ``act`` at 100/s and complex STFT frames
+    stored frames first (``spec``: (frames, 3)), one group per length in samples."""
+    rng = np.random.default_rng(11)
+    items = {}
+    for i, n in enumerate(lengths):
+        frames = -(-n // 160)
+        items[f"utt{i}"] = {
+            "wav": (rng.integers(-3000, 3000, (2, n)) / 32768).astype(np.float32),
+            "act": rng.random((2, frames)) > 0.5,
+            "spec": (
+                rng.standard_normal((frames, 3)) + 1j * rng.standard_normal((frames, 3))
+            ).astype(np.complex64),
+        }
+    return write_h5(path, items)
+
+
+def test_complex_and_bool_time_arrays_read_exact_through_the_tiers(tmp_path, cache):
+    src = frames_first(tmp_path / "a.h5", [16000 * s for s in (3, 4, 5, 6)])
+    zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, time_axis={"spec": 0})
+    rates, axes = {"wav": 16000, "act": 100, "spec": 100}, {"wav": 1, "act": 1, "spec": 0}
+    with h5py.File(src) as f:
+        for tiers in (None, cache, cache):  # the second finds the metadata in the tiers
+            ds = zstore.WindowDataset(
+                tmp_path / "a.zarr",
+                window_seconds=2.0,
+                fields=list(rates),
+                windows_per_item=3,
+                cache=tiers,
+            )
+            for epoch in (0, 1):
+                ds.set_epoch(epoch)
+                for i in range(len(ds)):
+                    x = ds[i]
+                    for name, rate in rates.items():
+                        start = round(x["start"] * rate)
+                        part = [slice(None)] * 2
+                        part[axes[name]] = slice(start, start + round(2.0 * rate))
+                        expected = f[x["item"]][name][tuple(part)]
+                        assert x[name].dtype == torch_dtype(expected.dtype)
+                        assert np.array_equal(x[name].numpy(), expected), (x["item"], name)
+
+
+def torch_dtype(dtype: np.dtype):
+    import torch
+
+    return torch.from_numpy(np.zeros(1, dtype)).dtype
+
+
+def test_a_rate_is_inferred_past_a_short_first_item_and_one_too_short_for_a_frame(tmp_path):
+    # the first item's ceil-rounded length (161 samples: 2 frames) skewed the ratio, and
+    # one of 100 samples, rounded down to no frame at all, refused it
+    src = frames_first(tmp_path / "a.h5", [161, 16000 * 3, 16000 * 4, 16000 * 5 + 80])
+    with h5py.File(src, "a") as f:
+        del f["utt1/act"]
+        f["utt1/act"] = np.zeros((2, 0), bool)
+        del f["utt1/wav"]
+        f["utt1/wav"] = np.zeros((2, 100), np.float32)
+    report = zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, progress=False)
+    act = manifest_of(tmp_path / "a.zarr").arrays["act"]
+    assert (act.rate, act.inferred) == (100.0, True), report
+
+
+def test_frames_first_features_are_named_with_the_time_axis_to_give(tmp_path):
+    src = frames_first(tmp_path / "a.h5", [16000 * s for s in (3, 4, 5)])
+    zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, progress=False)
+    spec = manifest_of(tmp_path / "a.zarr").arrays["spec"]
+    assert spec.rate is None
+    assert "along axis 0 it is 1/160 of the length of 'wav'" in spec.note
+    assert "--time-axis spec=0" in spec.note
+
+
+def test_info_shows_arrays_written_through_zarr_and_skips_empty_first_items(tmp_path):
+    src = frames_first(tmp_path / "a.h5", [16000 * s for s in (3, 4, 5)])
+    with h5py.File(src, "a") as f:  # an empty recording first, as failed segments come
+        g = f.create_group("a_empty")
+        g["wav"], g["act"] = np.zeros((2, 0), np.float32), np.zeros((2, 0), bool)
+        g["spec"] = np.zeros((0, 3), np.complex64)
+    zstore.convert(
+        src, tmp_path / "a.zarr", rates={"wav": 16000}, time_axis={"spec": 0}, progress=False
+    )
+    assert manifest_of(tmp_path / "a.zarr").items[0] == "a_empty"
+    info = json.loads(cli("info", str(tmp_path / "a.zarr"), "--json").stdout)["arrays"]
+    assert info["spec"]["dtype"] == "complex64"
+    assert info["spec"]["shape_of_first_item"] == [300, 3]
+    assert info["wav"]["shape_of_first_item"] == [2, 48000]
+    assert info["wav"]["shown_item"] == "utt0"
+    text = cli("info", str(tmp_path / "a.zarr")).stdout
+    assert "spec: 100/s (inferred), complex64, item 'utt0' (the first with values) [300, 3]" in text

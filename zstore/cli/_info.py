@@ -8,6 +8,7 @@ import numpy as np
 
 from zstore.format import (
     ArrayInfo,
+    Manifest,
     packed_meta,
     parse_array_meta,
     read_manifest,
@@ -30,6 +31,19 @@ def _values_line(a: ArrayInfo) -> str | None:
     return f"{values + ', ' if values else ''}precision {a.precision.summary()}"
 
 
+def _shown(manifest: Manifest, name: str) -> int | None:
+    """The position of the item whose array ``name`` ``zstore info`` shows: the first
+    that has it with values (no axis of length 0), else the first that has it."""
+    first = manifest.first_index(name)
+    if first is None or manifest.shapes is None or name not in manifest.shapes:
+        return first
+    shapes = np.asarray(manifest.shapes[name])
+    if shapes.ndim != 2 or not shapes.shape[1]:
+        return first
+    full = np.flatnonzero((shapes > 0).all(axis=1))
+    return int(full[0]) if len(full) else first
+
+
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Items, arrays (rate, shape, chunking), total duration, bytes and codec of a store."""
     manifest, metas = read_manifest(url, storage_options)
@@ -46,7 +60,7 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         }
         have = manifest.items_with(name)
         entry["items_with"] = len(manifest.items) if have is None else len(have)
-        first = manifest.first_index(name)
+        first = _shown(manifest, name)
         in_pack = manifest.packed(first, name) if first is not None else None
         array_meta = (
             packed_meta(in_pack[0], name, a, manifest.codec, manifest.chunk_seconds)
@@ -67,6 +81,14 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
                 shard_length=layout.shard,
                 codecs=[c["name"] for c in layout.codecs],
             )
+        elif first is not None and manifest.shapes is not None and name in manifest.shapes:
+            # written through zarr's API (e.g. complex values): no chunking to derive
+            entry.update(
+                shape_of_first_item=[int(x) for x in manifest.shapes[name][first]],
+                dtype=str(np.dtype(a.dtype)) if a.dtype else "?",
+            )
+        if first is not None and first != manifest.first_index(name):
+            entry["shown_item"] = manifest.items[first]
         if a.rate:
             lengths = np.asarray(manifest.lengths[name], dtype=np.int64)
             lengths = lengths[lengths >= 0]
@@ -124,10 +146,15 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             if e["items_with"] == len(manifest.items)
             else f", in {e['items_with']} of {len(manifest.items)} items"
         )
-        lines.append(
-            f"  {name}: {rate}, {e.get('dtype', '?')}, first item {shape}, "
-            f"chunk {e.get('chunk')}, shard {e.get('shard_length')} along time{where}"
+        which = (
+            f"item '{e['shown_item']}' (the first with values)"
+            if "shown_item" in e
+            else "first item"
         )
+        chunking = (
+            f", chunk {e['chunk']}, shard {e['shard_length']} along time" if "chunk" in e else ""
+        )
+        lines.append(f"  {name}: {rate}, {e.get('dtype', '?')}, {which} {shape}{chunking}{where}")
         if e["note"] and (e["inferred"] or not e["rate"]):
             lines.append(f"    {e['note']}")
         line = _values_line(manifest.arrays[name])

@@ -114,8 +114,8 @@ def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
 
 
 def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
-    """('div', k) when x == r / k in every item (rounded down or up), ('mul', k) when
-    x == r * k; only when the items show at least two different lengths: a ratio seen
+    """('div', k) when x == r / k in every item (rounded down or up: an item shorter than
+    one frame has none), ('mul', k) when x == r * k; only when the items show at least two different lengths: a ratio seen
     in items of one length (or in one item) proves nothing (a 10-value embedding in 3 s
     segments has a 'ratio' of 4,800 to 16 kHz audio).
 
@@ -125,8 +125,9 @@ def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
     if len({r for _, r in pairs}) < 2:
         return None
     xs, rs = [p[0] for p in pairs], [p[1] for p in pairs]
-    if all(x > 0 for x in xs):
-        k = max(1, round(rs[0] / xs[0]))
+    x0, r0 = max(pairs)  # the longest: a short item's rounding would skew k
+    if x0 > 0:
+        k = max(1, round(r0 / x0))
         if all(r // k <= x <= -(-r // k) for x, r in zip(xs, rs)):
             return ("div", k)
     if all(r > 0 for r in rs) and xs[0] % rs[0] == 0:
@@ -241,7 +242,9 @@ def plan(
         else:
             arrays[n] = _inferred(n, items, arrays, axes.get(n), ndims[n])
     if not any(a.rate for a in arrays.values()):
-        first = items[0]
+        first = max(  # the example: the largest item, not an empty or truncated one
+            items, key=lambda it: sum(math.prod(sh) for sh in it.shapes.values())
+        )
         names = [n for n in names if n in first.shapes]
         shapes = ", ".join(f"{n} {first.shapes[n]}" for n in names)
 
@@ -301,6 +304,15 @@ def _inferred(
         else f"not a whole-number ratio to '{ref}' in every item"
     )
     guess = ""
+    other = _other_axis(n, both, axis, ref, info) if both and seen >= 2 else None
+    if other is not None:
+        return ArrayInfo(
+            None,
+            None,
+            note=f"stored whole: no time axis proven along its axis {axis} ({why}); along "
+            f"axis {other[0]} it is {other[1]}: if that is its time axis, give "
+            f"--time-axis {n}={other[0]}",
+        )
     if both and both[0].shapes[n][axis] and seen < 2:
         ratio = both[0].shapes[ref][info.time_axis] / both[0].shapes[n][axis]  # type: ignore[index]
         guess = f" ({info.rate / ratio:g} if it is)"  # type: ignore[operator]
@@ -310,6 +322,22 @@ def _inferred(
         note=f"stored whole: no time axis proven ({why}); if it is a "
         f"time array, give --rate {n}=RATE{guess}",
     )
+
+
+def _other_axis(
+    n: str, both: list[SourceItem], axis: int, ref: str, info: ArrayInfo
+) -> tuple[int, str] | None:
+    """Another axis of ``n`` whose length has a whole-number ratio to ``ref``'s time
+    axis in every item of ``both`` (features stored frames first), and that ratio."""
+    rs = [it.shapes[ref][info.time_axis] for it in both]  # type: ignore[index]
+    for other in range(len(both[0].shapes[n])):
+        if other == axis:
+            continue
+        found = _implied_ratio([it.shapes[n][other] for it in both], rs)
+        if found:
+            kind, k = found
+            return other, f"{'1/' if kind == 'div' else ''}{k} of the length of '{ref}'"
+    return None
 
 
 def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str) -> None:

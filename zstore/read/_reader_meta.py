@@ -56,7 +56,7 @@ class ItemPlaces:
                         if self.tiers is not None
                         else self.origin.read(key)
                     )
-                    meta = json.loads(raw)
+                    meta = json.loads(bytes(raw))
                 except FileNotFoundError:
                     raise StoreFormatError(
                         f"{self.url}: item '{item}' has no array '{name}'; check the field names"

@@ -619,3 +619,41 @@ def test_info_shows_arrays_written_through_zarr_and_skips_empty_first_items(tmp_
     assert info["wav"]["shown_item"] == "utt0"
     text = cli("info", str(tmp_path / "a.zarr")).stdout
     assert "spec: 100/s (inferred), complex64, item 'utt0' (the first with values) [300, 3]" in text
+
+
+def test_scalar_and_embedding_datasets_come_whole_next_to_the_windows(tmp_path, cache):
+    # a scalar label and an embedding in every recording's group, as corpora keep them
+    rng = np.random.default_rng(3)
+    items = {
+        f"r{i}": {
+            "wav": (rng.integers(-3000, 3000, (1, 16000 * (2 + i))) / 32768).astype(np.float32),
+            "label": np.int64(i % 3),
+            "emb": rng.standard_normal(8).astype(np.float32),
+        }
+        for i in range(6)
+    }
+    src = write_h5(tmp_path / "a.h5", items)
+    report = zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, progress=False)
+    # 32 bytes an item: no lossy precision is worth suggesting for it
+    assert report.values["emb"].startswith("true float32 values, stored lossless")
+    assert "--precision" not in report.values["emb"]
+    fields = ["wav", "label", "emb"]
+    for tiers in (None, cache, cache):
+        for seconds in (1.0, None):
+            ds = zstore.WindowDataset(
+                tmp_path / "a.zarr", window_seconds=seconds, fields=fields, cache=tiers
+            )
+            for i in range(len(ds)):
+                x = ds[i]
+                assert x["label"].shape == () and int(x["label"]) == int(x["item"][1:]) % 3
+                assert np.array_equal(x["emb"].numpy(), items[x["item"]]["emb"])
+        ds = zstore.WindowDataset(
+            tmp_path / "a.zarr", window_seconds=1.0, fields=fields, cache=tiers
+        )
+        batches = list(zstore.WindowLoader(ds, batch_size=4, shuffle=True))
+        assert sum(len(b["item"]) for b in batches) == len(ds)
+        for b in batches:
+            assert b["label"].shape == (len(b["item"]),) and b["emb"].shape == (len(b["item"]), 8)
+            for j, item in enumerate(b["item"]):
+                assert int(b["label"][j]) == items[item]["label"]
+                assert np.array_equal(b["emb"][j].numpy(), items[item]["emb"])

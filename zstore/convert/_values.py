@@ -110,6 +110,9 @@ def with_tally(arrays: dict[str, ArrayInfo], tally: Tally) -> dict[str, ArrayInf
 SUGGESTED_BITS = (16, 12)
 #: values of a sample to estimate on (~4 MB of float32)
 SAMPLE_VALUES = 1 << 20
+#: a precision is suggested for arrays of at least this many source bytes (a corpus's
+#: embeddings of a few values each gain nothing worth a lossy store)
+SUGGEST_BYTES = 1 << 20
 
 
 def estimate(
@@ -157,7 +160,7 @@ def describe(
     if info.precision is not None:
         return f"{what}, kept to {info.precision.summary()}: {ratio:.2f}x of the source"
     line = f"{what}, stored lossless at {ratio:.2f}x of the source"
-    useful = [(bits, r, snr) for bits, r, snr in estimates if math.isfinite(snr)]
+    useful = [(bits, r, snr) for bits, r, snr in estimates if math.isfinite(snr) and r < ratio]
     if useful:
         line += "; " + ", ".join(
             f"--precision {name}={bits}bits would give ~{r:.2f}x at {snr:.0f} dB"
@@ -220,7 +223,7 @@ def value_lines(
         if info is None or t.kind is None:
             continue
         estimates: list[tuple[int, float, float]] = []
-        if t.kind == "float" and info.precision is None:
+        if t.kind == "float" and info.precision is None and t.source_bytes >= SUGGEST_BYTES:
             first = next((it for it in items if name in it.shapes), None)
             if first is not None:
                 data = sample(first, name, info.time_axis)

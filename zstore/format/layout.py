@@ -349,7 +349,8 @@ class ArrayLayout:
 
     @property
     def length(self) -> int:
-        return self.shape[self.time_axis]
+        """Its length along time (a scalar, stored whole, has none: 0)."""
+        return self.shape[self.time_axis] if self.shape else 0
 
     @property
     def chunks_per_shard(self) -> int:

@@ -57,9 +57,12 @@ def near(index: PathIndex, path: str, span: Span) -> Pieces:
     return {(path, k): entries[k] for k in range(lo, hi)}
 
 
-def window_shape(layout: ArrayLayout, span: Span) -> tuple[int, ...]:
-    """The shape of ``span`` of an array: its own, with the window's length along time."""
+def window_shape(layout: ArrayLayout, span: Span | None) -> tuple[int, ...]:
+    """The shape of ``span`` of an array: its own, with the window's length along time
+    (the whole array's for None: an array stored whole, read next to the windows)."""
     shape = list(layout.shape)
+    if span is None:
+        return tuple(shape)
     shape[layout.time_axis] = span.stop - span.start + span.pad
     return tuple(shape)
 

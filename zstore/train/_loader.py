@@ -185,7 +185,9 @@ class WindowLoader:
         placed = [ds.placed(i) for i in indices]
         located = [p[:4] for p in placed]
         buffers = self._buffers(located)
-        outs = [{name: arr[b] for name, arr in buffers.arrays.items()} for b in range(len(indices))]
+        outs = [
+            {name: arr[b, ...] for name, arr in buffers.arrays.items()} for b in range(len(indices))
+        ]
 
         nbytes = sum(arr.nbytes for arr in buffers.arrays.values())
 

@@ -102,7 +102,12 @@ def test_nested_groups_attributes_inference_and_static_arrays(tmp_path):
     src = write_h5(tmp_path / "nested.h5", items, attrs)
     with pytest.warns(UserWarning, match="non-numeric"):
         report = zstore.convert(
-            src, tmp_path / "s.zarr", rates={"wav": 16000}, workers=1, progress=False
+            src,
+            tmp_path / "s.zarr",
+            rates={"wav": 16000},
+            workers=1,
+            progress=False,
+            pack_seconds=0,  # each item its own group, read here through zarr
         )
     assert report.arrays["act"].rate == 100 and report.arrays["act"].inferred
     assert report.arrays["emb"].rate is None

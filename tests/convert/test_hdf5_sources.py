@@ -621,7 +621,10 @@ def test_info_shows_arrays_written_through_zarr_and_skips_empty_first_items(tmp_
     assert "spec: 100/s (inferred), complex64, item 'utt0' (the first with values) [300, 3]" in text
 
 
-def test_scalar_and_embedding_datasets_come_whole_next_to_the_windows(tmp_path, cache):
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_scalar_and_embedding_datasets_come_whole_next_to_the_windows(
+    tmp_path, cache, pack_seconds
+):
     # a scalar label and an embedding in every recording's group, as corpora keep them
     rng = np.random.default_rng(3)
     items = {
@@ -633,7 +636,10 @@ def test_scalar_and_embedding_datasets_come_whole_next_to_the_windows(tmp_path, 
         for i in range(6)
     }
     src = write_h5(tmp_path / "a.h5", items)
-    report = zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, progress=False)
+    report = zstore.convert(
+        src, tmp_path / "a.zarr", rates={"wav": 16000}, progress=False, pack_seconds=pack_seconds
+    )
+    assert report.packed == (6 if pack_seconds else 0)
     # 32 bytes an item: no lossy precision is worth suggesting for it
     assert report.values["emb"].startswith("true float32 values, stored lossless")
     assert "--precision" not in report.values["emb"]

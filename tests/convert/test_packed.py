@@ -348,6 +348,8 @@ def test_packed_store_on_s3(tmp_path, s3):
 
     options, _ = s3
     items, attrs = short_items(200, seed=10)
+    for i, arrays in enumerate(items.values()):  # a class label in every group
+        arrays["label"] = np.int64(i % 12)
     src = write_items(tmp_path / "s.h5", items, attrs)
     url = "s3://zstore-test/short.zarr"
     report = zstore.convert(
@@ -359,6 +361,12 @@ def test_packed_store_on_s3(tmp_path, s3):
     got = read_whole(url, storage_options=options)
     for name in list(items)[::11]:
         np.testing.assert_array_equal(got[name]["wav"], items[name]["wav"])
+    ds = zstore.WindowDataset(
+        url, window_seconds=0.05, fields=["wav", "label"], storage_options=options
+    )
+    for i in range(0, len(ds), 13):
+        x = ds[i]
+        assert int(x["label"]) == items[x["item"]]["label"]
 
 
 def test_packed_items_attributes_keep_nan_and_references(tmp_path):
@@ -660,3 +668,134 @@ def test_attributes_of_a_committed_type_then_of_another_file(tmp_path):
     for path, want in ((first, {"x": 1.5}), (second, {"y": 2.0})):
         with h5py.File(path, "r") as f:
             assert hdf5_attrs_of(f["g"].id, lambda: f["g"]) == want  # noqa: B023
+
+
+def labelled_items(n: int, seed: int = 0, prefix: str = "kw"):
+    """Keyword-spotting utterances as corpora keep them: ``wav`` of 0.1-1.0 s, a scalar
+    class ``label`` and a 16-value float ``emb`` in each group (no ``emb`` in every
+    fifth), and one group with an embedding too large to pack (8 KB)."""
+    rng = np.random.default_rng(seed)
+    items = {}
+    for i in range(n):
+        samples = int(rng.integers(10, 101)) * 160
+        arrays = {
+            "wav": (rng.integers(-32768, 32768, (1, samples)) / 32768).astype(np.float32),
+            "label": np.int64(i % 12),
+        }
+        if i % 5:
+            arrays["emb"] = rng.standard_normal(2048 if i == 3 else 16).astype(np.float32)
+        items[f"{prefix}{i:04d}"] = arrays
+    return items
+
+
+def test_short_items_with_labels_and_embeddings_are_packed(tmp_path, cache):
+    items = labelled_items(60)
+    src = write_h5(tmp_path / "kws.h5", items)
+    dst = tmp_path / "kws.zarr"
+    report = zstore.convert(src, dst, rates={"wav": 16000}, progress=False, verify=True)
+    assert report.packed == 59  # all but the one with the 8 KB embedding
+    manifest = manifest_of(dst)
+    assert manifest.placement.where(manifest.position("kw0003"), "wav") is None
+    objects = sum(1 for p in dst.rglob("*") if p.is_file())
+    assert objects < 30  # ~5 an item in groups of their own
+    fields = ["wav", "label", "emb"]
+    for tiers in (None, cache, cache):  # the second run finds the records in the tiers
+        for seconds in (None, 0.05):
+            ds = zstore.WindowDataset(
+                dst, window_seconds=seconds, fields=fields, missing="skip", cache=tiers
+            )
+            assert len(ds) == 48
+            for i in range(len(ds)):
+                x = ds[i]
+                want = items[x["item"]]
+                assert x["label"].shape == () and int(x["label"]) == want["label"]
+                np.testing.assert_array_equal(x["emb"].numpy(), want["emb"])
+                start = round(x["start"] * 16000)
+                np.testing.assert_array_equal(
+                    x["wav"].numpy(), want["wav"][:, start : start + x["wav"].shape[1]]
+                )
+        ds = zstore.WindowDataset(  # batches of one embedding size: not kw0003's
+            dst,
+            window_seconds=0.05,
+            fields=fields,
+            missing="skip",
+            cache=tiers,
+            items=[name for name in items if name != "kw0003"],
+        )
+        for epoch in (0, 1):  # the second epoch from the mapped shards, where tiers
+            ds.set_epoch(epoch)
+            seen = 0
+            for b in zstore.WindowLoader(ds, batch_size=8, shuffle=True):
+                for j, item in enumerate(b["item"]):
+                    assert int(b["label"][j]) == items[item]["label"]
+                    np.testing.assert_array_equal(b["emb"][j].numpy(), items[item]["emb"])
+                seen += len(b["item"])
+            assert seen == len(ds)
+    labels = zstore.WindowDataset(dst, window_seconds=None, fields=["label"])
+    assert sorted(int(labels[i]["label"]) for i in range(len(labels))) == sorted(
+        int(a["label"]) for a in items.values()
+    )
+
+
+def test_packed_arrays_stored_whole_are_json_in_the_records(tmp_path):
+    """What the README says to read them without zstore."""
+    import base64
+
+    items = labelled_items(30, seed=1)
+    src = write_h5(tmp_path / "kws.h5", items)
+    dst = tmp_path / "kws.zarr"
+    zstore.convert(src, dst, rates={"wav": 16000}, progress=False)
+    found = {}
+    for path in sorted((dst / "zstore_packed/0").glob("items.*.json")):
+        record = json.loads(path.read_text())
+        for name, entry in record["arrays"].items():
+            data = base64.b64decode(entry["data"])
+            at = 0
+            for k, shape in zip(entry["items"], entry["shapes"]):
+                value = np.frombuffer(
+                    data, dtype=entry["dtype"], count=int(np.prod(shape)), offset=at
+                ).reshape(shape)
+                at += value.nbytes
+                found[(record["items"][k], name)] = value
+    want = {
+        (item, name): np.asarray(v)
+        for item, arrays in items.items()
+        if item != "kw0003"
+        for name, v in arrays.items()
+        if name != "wav"
+    }
+    assert found.keys() == want.keys()
+    for key, value in want.items():
+        assert found[key].shape == value.shape
+        np.testing.assert_array_equal(found[key], value)
+
+
+def test_verify_finds_a_damaged_array_in_a_record(tmp_path):
+    items = labelled_items(20, seed=2)
+    src = write_h5(tmp_path / "kws.h5", items)
+    dst = tmp_path / "kws.zarr"
+    zstore.convert(src, dst, rates={"wav": 16000}, progress=False)
+    path = dst / "zstore_packed/0/items.0.json"
+    record = json.loads(path.read_text())
+    entry = record["arrays"]["label"]
+    entry["data"] = entry["data"][:-4] + ("AAAA" if entry["data"][-4:] != "AAAA" else "AQAA")
+    path.write_text(json.dumps(record))
+    with pytest.raises(StoreFormatError, match=r"batch 0 .*'label' \(stored whole\) differs"):
+        zstore.convert(src, dst, rates={"wav": 16000}, progress=False, verify=True)
+
+
+def test_an_append_packs_labelled_items_after_the_others(tmp_path, cache):
+    first, second = labelled_items(30, seed=3, prefix="a"), labelled_items(20, seed=4, prefix="b")
+    dst = tmp_path / "kws.zarr"
+    zstore.convert(write_h5(tmp_path / "a.h5", first), dst, rates={"wav": 16000}, progress=False)
+    report = zstore.append(write_h5(tmp_path / "b.h5", second), dst, progress=False, verify=True)
+    assert report.packed == 19
+    ds = zstore.WindowDataset(
+        dst, window_seconds=None, fields=["wav", "label", "emb"], missing="skip", cache=cache
+    )
+    assert len(ds) == 40
+    both = {**first, **second}
+    for i in range(len(ds)):
+        x = ds[i]
+        for name in ("wav", "label", "emb"):
+            np.testing.assert_array_equal(x[name].numpy(), both[x["item"]][name])

@@ -62,8 +62,11 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         entry["items_with"] = len(manifest.items) if have is None else len(have)
         first = _shown(manifest, name)
         in_pack = manifest.packed(first, name) if first is not None else None
+        in_record = in_pack is not None and in_pack[1] < 0  # stored whole, in its record
         array_meta = (
-            packed_meta(in_pack[0], name, a, manifest.codec, manifest.chunk_seconds)
+            None
+            if in_record
+            else packed_meta(in_pack[0], name, a, manifest.codec, manifest.chunk_seconds)
             if in_pack is not None
             else metas.at(first, name)
             if first is not None
@@ -82,11 +85,14 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
                 codecs=[c["name"] for c in layout.codecs],
             )
         elif first is not None and manifest.shapes is not None and name in manifest.shapes:
-            # written through zarr's API (e.g. complex values): no chunking to derive
+            # written through zarr's API (e.g. complex values), or kept in the records
+            # of packed items: no chunking to derive
             entry.update(
                 shape_of_first_item=[int(x) for x in manifest.shapes[name][first]],
                 dtype=str(np.dtype(a.dtype)) if a.dtype else "?",
             )
+        if in_record:
+            entry["in_records"] = True
         if first is not None and first != manifest.first_index(name):
             entry["shown_item"] = manifest.items[first]
         if a.rate:
@@ -154,6 +160,8 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         chunking = (
             f", chunk {e['chunk']}, shard {e['shard_length']} along time" if "chunk" in e else ""
         )
+        if e.get("in_records"):
+            chunking = ", in the packed items' batch records"
         lines.append(f"  {name}: {rate}, {e.get('dtype', '?')}, {which} {shape}{chunking}{where}")
         if e["note"] and (e["inferred"] or not e["rate"]):
             lines.append(f"    {e['note']}")

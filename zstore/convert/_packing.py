@@ -26,6 +26,7 @@ from zstore.convert._values import Tally, prepared, stored_values
 from zstore.errors import SourceError
 from zstore.format import (
     PACKED_ROOT,
+    PACKED_WHOLE_BYTES,
     ArrayInfo,
     ObjectWriter,
     PackGroup,
@@ -36,6 +37,7 @@ from zstore.format import (
     handles,
     packed_geometry,
     packed_meta,
+    record_array,
     shards_for,
     signature,
     step_nbytes,
@@ -90,16 +92,32 @@ class PackPlan:
         return out
 
 
+def timed(item: SourceItem, arrays: dict[str, ArrayInfo]) -> list[str]:
+    """The names of ``item``'s time arrays (the others are stored whole)."""
+    return [
+        n
+        for n, shape in item.shapes.items()
+        if arrays[n].rate is not None and arrays[n].time_axis is not None and shape
+    ]
+
+
 def packable(item: SourceItem, arrays: dict[str, ArrayInfo], codec: str, seconds: float) -> bool:
-    """Whether ``item`` is packed: every array a time array no longer than ``seconds``,
-    of a form the converter encodes itself."""
-    if not item.shapes or seconds <= 0:
+    """Whether ``item`` is packed: it has a time array, every time array is no longer
+    than ``seconds`` and of a form the converter encodes itself, and every array stored
+    whole (a scalar label, an embedding) holds at most :data:`PACKED_WHOLE_BYTES` of
+    numbers (kept in the batch's record)."""
+    time = timed(item, arrays)
+    if not time or seconds <= 0:
         return False
     for name, shape in item.shapes.items():
+        dtype = np.dtype(item.dtypes[name])
+        if name not in time:
+            if dtype.kind not in "biufc" or math.prod(shape) * dtype.itemsize > PACKED_WHOLE_BYTES:
+                return False
+            continue
         info = arrays[name]
-        if info.rate is None or info.time_axis is None or not shape:
-            return False
-        if not handles(codec, np.dtype(item.dtypes[name]), shape):
+        assert info.rate is not None and info.time_axis is not None
+        if not handles(codec, dtype, shape):
             return False
         if shape[info.time_axis % len(shape)] > math.floor(seconds * info.rate + 1e-9):
             return False
@@ -127,24 +145,25 @@ def plan_packs(
         if not packable(item, arrays, codec, seconds):
             out.own.append(item)
             continue
-        key = signature(item.shapes, item.dtypes, axes)
+        time = timed(item, arrays)  # the pack group's arrays; the others in the record
+        key = signature({n: item.shapes[n] for n in time}, item.dtypes, axes)
         g = index.get(key)
         if g is None:
             g = index[key] = len(groups)
             shapes = {}
-            for name, shape in item.shapes.items():
-                s = list(shape)
+            for name in time:
+                s = list(item.shapes[name])
                 s[axes[name] % len(s)] = 0
                 shapes[name] = tuple(s)
             path = f"{PACKED_ROOT}/{g}"
-            dtypes = {n: np.dtype(item.dtypes[n]).str for n in item.shapes}
+            dtypes = {n: np.dtype(item.dtypes[n]).str for n in time}
             groups.append(PackGroup(path, dtypes, shapes, 0))
         group = groups[g]
         if g not in geos:
             geos[g] = _geometry(group, arrays, chunk_seconds)
         geo = geos[g]
         batch = open_batch.get(g)
-        lengths = {n: s[axes[n] % len(s)] for n, s in item.shapes.items()}
+        lengths = {n: item.shapes[n][axes[n] % len(item.shapes[n])] for n in time}
         if batch is not None and not _fits(batch, used[g], lengths, geo):
             groups[g] = group = _closed(group, batch, used[g], geo, axes)
             batch = None
@@ -252,8 +271,18 @@ def encode_batch(
     entries: dict[str, Any] = {}
     at = {it.name: offsets for it, offsets in zip(batch.items, batch.offsets)}
     source_bytes = dict.fromkeys(buffers, 0)
+    whole: dict[str, list[tuple[int, np.ndarray]]] = {}  # arrays kept in the record
+    slot = {it.name: k for k, it in enumerate(batch.items)}  # read in file order
     for item, raws, attrs in read_items(batch.items):
         for name, raw in raws.items():
+            if name not in buffers:
+                if verify:
+                    value = stored_values(job.arrays[name], raw)
+                else:
+                    value = prepared(job.arrays[name], raw, tally.array(name))
+                    tally.array(name).stored_bytes += value.nbytes
+                whole.setdefault(name, []).append((slot[item.name], value))
+                continue
             axis = arrays[name].time_axis % raw.ndim  # type: ignore[operator]
             lo = at[item.name][name] - batch.starts[name] * geo[name][1]
             index: list[Any] = [slice(None)] * raw.ndim
@@ -295,6 +324,8 @@ def encode_batch(
         },
         "entries": entries,
     }
+    if whole:
+        record["arrays"] = {name: record_array(values) for name, values in sorted(whole.items())}
     return objects, record, tally
 
 
@@ -323,6 +354,17 @@ def verify_batch(job: Job, batch: PackBatch) -> list[str]:
     missing = [k for k in objects if k not in got]
     if missing:
         return [f"{where}: cannot be read back (object {missing[0]} is missing)"]
+    try:
+        kept = json.loads(got[key]).get("arrays", {})
+    except ValueError as e:
+        return [f"{where}: its record {key} cannot be read back ({e})"]
+    wrong = sorted(
+        n
+        for n in {*kept, *record.get("arrays", {})}
+        if kept.get(n) != record.get("arrays", {}).get(n)
+    )
+    if wrong:
+        return [f"{where}: its record's '{wrong[0]}' (stored whole) differs from the source"]
     differ = [k for k, v in objects.items() if got[k] != v]
     if not differ:
         return []

@@ -49,10 +49,13 @@ from zstore.format.objects import (
 from zstore.format.packs import (
     PACK_SECONDS,
     PACKED_ROOT,
+    PACKED_WHOLE_BYTES,
     PackGroup,
     Placement,
     packed_geometry,
     packed_meta,
+    record_array,
+    record_values,
     shards_for,
     signature,
 )
@@ -75,10 +78,13 @@ from zstore.format.sizing import field_sizes, stored_objects
 __all__ = [
     "PACK_SECONDS",
     "PACKED_ROOT",
+    "PACKED_WHOLE_BYTES",
     "PackGroup",
     "Placement",
     "packed_geometry",
     "packed_meta",
+    "record_array",
+    "record_values",
     "shards_for",
     "signature",
     "bits_for_snr",

@@ -20,6 +20,7 @@ its offset and ``n`` its length: readable by any Zarr v3 reader.  Pure: no I/O.
 
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,10 @@ PACK_SECONDS = 10.0
 #: get chunks of ~10 s, not the ~64 KB of an item's own chunk, so a 0.5 s item decodes
 #: ~10 s of activity at most.
 PACKED_MIN_CHUNK_BYTES = 8_000
+#: An item whose arrays stored whole (a scalar label, an embedding) hold at most this
+#: many bytes each is packed, those arrays kept in its batch's record
+#: (:func:`record_array`); an item with a larger one keeps its own group.
+PACKED_WHOLE_BYTES = 4096
 
 
 def packed_geometry(
@@ -160,11 +165,46 @@ class Placement:
         return int((self.group >= 0).sum())
 
     def where(self, position: int, name: str) -> tuple[int, int] | None:
-        """(pack group, offset) of ``name`` of item ``position``; None: its own group."""
+        """(pack group, offset) of ``name`` of item ``position``; None: its own group.
+        The offset is -1 for an array not in the pack group's arrays (absent, or
+        stored whole in the batch's record)."""
         g = int(self.group[position])
         if g < 0:
             return None
-        return g, int(self.offsets[name][position])
+        offsets = self.offsets.get(name)
+        return g, -1 if offsets is None else int(offsets[position])
+
+
+def record_array(values: list[tuple[int, np.ndarray]]) -> dict[str, Any]:
+    """How a batch's record keeps an array stored whole for its items: ``values`` are
+    (the item's index in the record's ``items``, its value).  Readable without zstore:
+    ``data`` is the base64 of the values' little-endian bytes, back to back in the order
+    of ``items``, each of its ``shapes`` entry and of ``dtype``."""
+    dtype = np.dtype(values[0][1].dtype).newbyteorder("<")
+    parts = [np.array(v, dtype=dtype, order="C") for _, v in values]  # 0-d kept 0-d
+    return {
+        "dtype": dtype.str,
+        "items": [k for k, _ in values],
+        "shapes": [list(v.shape) for v in parts],
+        "data": base64.b64encode(b"".join(p.tobytes() for p in parts)).decode("ascii"),
+    }
+
+
+def record_values(entry: dict[str, Any]) -> dict[int, np.ndarray]:
+    """The values a record keeps for one array (:func:`record_array`), by the item's
+    index in the record (native byte order, each its own array)."""
+    dtype = np.dtype(entry["dtype"])
+    data = base64.b64decode(entry["data"])
+    out: dict[int, np.ndarray] = {}
+    at = 0
+    for k, shape in zip(entry["items"], entry["shapes"]):
+        n = math.prod(shape) * dtype.itemsize
+        value = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=at)
+        out[int(k)] = value.reshape(shape).astype(dtype.newbyteorder("="))
+        at += n
+    if at != len(data):
+        raise ValueError(f"{len(data) - at} bytes more than the shapes hold")
+    return out
 
 
 def shards_for(length: int, shard: int) -> int:

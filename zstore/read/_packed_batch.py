@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -65,6 +65,9 @@ def packed_read(
     fields: list[Field] = []
     slices: list[tuple[str, ArrayLayout, int, slice]] = []  # most: one slice, copied
     for name, asked in spans.items():
+        if reader.in_record(position, name):  # an array stored whole
+            out[name] = reader.records.array(position, name).copy()
+            continue
         offsets = placement.offsets.get(name)
         if offsets is None or name not in shapes:
             return None
@@ -120,7 +123,11 @@ def packed_batch(
     if (groups < 0).any():
         return None
     fields: list[Field] = []
+    whole: list[str] = []  # arrays stored whole, in the batch records
     for name in windows[0][1]:
+        if reader.in_record(positions[0], name):
+            whole.append(name)
+            continue
         field = _field(reader, name, windows, outs, at, groups)
         if field is None:
             return None
@@ -129,7 +136,20 @@ def packed_batch(
     arrays = _shard_arrays(form, wanted)
     if arrays is None:
         return None
-    return [job for f in fields for job in _jobs(f, arrays)]
+    jobs = [job for f in fields for job in _jobs(f, arrays)]
+    if whole:
+        jobs.append(functools.partial(_record_values, reader, whole, positions, outs))
+    return jobs
+
+
+def _record_values(
+    reader: WindowReader, names: list[str], positions: list[Any], outs: list[dict[str, np.ndarray]]
+) -> None:
+    """Copy the arrays ``names`` stored whole of the packed items at ``positions`` out
+    of their batch records into ``outs``."""
+    for position, out in zip(positions, outs):
+        for name in names:
+            out[name][...] = reader.records.array(position, name)
 
 
 def _jobs(f: Field, arrays: dict[tuple[str, int], np.ndarray]) -> list[Callable[[], None]]:

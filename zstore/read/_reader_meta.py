@@ -7,14 +7,24 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Self
 
+import numpy as np
+
 from zstore.errors import StoreFormatError
-from zstore.format import ArrayLayout, PackGroup, decode_attrs, packed_meta, parse_array_meta
+from zstore.format import (
+    ArrayLayout,
+    PackGroup,
+    data_type,
+    decode_attrs,
+    packed_meta,
+    parse_array_meta,
+)
 
 if TYPE_CHECKING:
     from zstore.cache import TieredCache
     from zstore.format import Manifest
     from zstore.format.manifest import ArrayMetas
     from zstore.origin import Origin
+    from zstore.read._records import BatchRecords
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
 
@@ -29,7 +39,7 @@ class ItemPlaces:
         tiers: TieredCache | None
         _metas: ArrayMetas
         _layouts: dict[tuple[str, str], ArrayLayout]
-        _records: dict[str, Any]
+        records: BatchRecords
 
         def open(self) -> Self: ...
 
@@ -48,15 +58,14 @@ class ItemPlaces:
                 if position is None or self.manifest.shapes is None
                 else self._metas.at(position, name)
             )
+            if meta is None and self.manifest.placement is not None:
+                if position is None:
+                    position = self.manifest.position(item)
+                if self.in_record(position, name):  # no zarr.json: its shape and dtype
+                    meta = self._record_meta(position, name)
             if meta is None:
                 try:
-                    key = f"{path}/zarr.json"
-                    raw = (
-                        self.tiers.get(key, lambda: self.origin.read(key))
-                        if self.tiers is not None
-                        else self.origin.read(key)
-                    )
-                    meta = json.loads(bytes(raw))
+                    meta = json.loads(bytes(self._stored_bytes(f"{path}/zarr.json")))
                 except FileNotFoundError:
                     raise StoreFormatError(
                         f"{self.url}: item '{item}' has no array '{name}'; check the field names"
@@ -81,19 +90,36 @@ class ItemPlaces:
 
     def _packed_record(self, position: int) -> dict[str, Any] | None:
         """A packed item's attributes, from its batch's record (None: not packed)."""
+        return self.records.attrs(position)
+
+    def in_record(self, position: int | None, name: str) -> bool:
+        """Whether array ``name`` of item ``position`` is kept in its batch's record:
+        an array stored whole (no time axis) of a packed item."""
         placement = self.manifest.placement
-        if placement is None or placement.group[position] < 0:
-            return None
-        group = self.manifest.packs[int(placement.group[position])]
-        key = group.record_key(int(placement.batch[position]))
-        record = self._records.get(key)
-        if record is None:
-            record = self._stored_json(key)
-            if len(self._records) >= 64:
-                self._records.clear()
-            self._records[key] = record
-        entry = record.get("entries", {}).get(self.manifest.items[position], {})
-        return decode_attrs(dict(entry.get("attrs", {})))
+        if placement is None or position is None or int(placement.group[position]) < 0:
+            return False
+        info = self.manifest.arrays.get(name)
+        return info is not None and (info.rate is None or info.time_axis is None)
+
+    def _record_meta(self, position: int, name: str) -> dict[str, Any]:
+        """A ``zarr.json`` document that says the shape and dtype of a packed item's
+        array kept in its record (read from the record, never as chunks)."""
+        assert self.manifest.shapes is not None  # format 2: packed items have a table
+        shape = [int(x) for x in self.manifest.shapes[name][position]]
+        if min(shape, default=0) < 0:
+            raise StoreFormatError(
+                f"{self.url}: item '{self.manifest.items[position]}' has no array "
+                f"'{name}'; check the field names"
+            )
+        dtype = np.dtype(self.manifest.arrays[name].dtype or "V1")
+        return {"shape": shape, "data_type": data_type(dtype), "codecs": []}
+
+    def _stored_bytes(self, key: str) -> Any:
+        """The bytes of object ``key`` of the store, through the tiers where there are
+        any (FileNotFoundError when the store has none)."""
+        if self.tiers is not None:
+            return self.tiers.get(key, lambda: self.origin.read(key))
+        return self.origin.read(key)
 
     def placed(
         self, item: str, name: str, position: int | None = None

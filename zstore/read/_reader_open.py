@@ -28,6 +28,7 @@ from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
 from zstore.read._ram_shards import DecodedShards, EncodedShards, ShardForm
 from zstore.read._reader_meta import ItemPlaces
+from zstore.read._records import BatchRecords
 from zstore.read._shard_pieces import drop_reused_scratch
 from zstore.urls import is_url, local_path
 
@@ -140,7 +141,8 @@ class ReaderSetup(ItemPlaces):
             behind=self.writes,
         )
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
-        self._records: dict[str, Any] = {}  # packed items' batch records, a few
+        #: packed items' batch records: their attributes and arrays stored whole
+        self.records = BatchRecords(self.url, self.manifest, self._stored_bytes)
         self.values: MappedValues | None = None
         self.form: ShardForm | None = None
         if self.tiers is not None and self.tiers.ram is not None:

@@ -184,6 +184,9 @@ class WindowReader(ReaderSetup):
         if self.manifest.placement is not None and position is None:
             position = self.manifest.position(item)
         for name, span in spans.items():
+            if self.in_record(position, name):  # a packed item's array stored whole
+                out[name] = self.records.array(position, name).copy()  # type: ignore[arg-type]
+                continue
             layout, offset, length = self.placed(item, name, position)
             if span is not None and not 0 <= span.start <= span.stop <= length:
                 raise ValueError(

@@ -10,6 +10,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Self
 
+import numpy as np
+
 from zstore.cache import (
     CacheConfig,
     FirstReads,
@@ -151,6 +153,8 @@ class ReaderSetup(ItemPlaces):
             self.form = kind(self.url, self.tiers, self.source, self.values, self.behind)
         self._lock = self.values.lock if self.values is not None else threading.Lock()
         self._group: Any = None
+        #: small arrays stored whole that zarr reads (scalars: ~1 ms each), by path
+        self._small: dict[str, np.ndarray] = {}
         self._pid = os.getpid()
         return self
 

@@ -37,6 +37,10 @@ from zstore.read._shard_pieces import (
 )
 from zstore.read._zarr_store import CachedStore
 
+#: arrays stored whole of at most this many bytes that zarr reads (scalars, which the
+#: reader does not handle itself) are kept once read, up to MAX_SMALL of them
+SMALL_BYTES, MAX_SMALL = 4096, 65536
+
 
 class WindowReader(ReaderSetup):
     """Reads windows of a zstore store.  Opens lazily, once per process (see
@@ -212,6 +216,11 @@ class WindowReader(ReaderSetup):
 
     def _read_with_zarr(self, layout: ArrayLayout, span: Span | None) -> np.ndarray:
         """Fallback: zarr's own indexing on the cached store."""
+        small = span is None and layout.dtype.itemsize * math.prod(layout.shape) <= SMALL_BYTES
+        if small:  # a scalar label, read with every window of its item: kept
+            kept = self._small.get(layout.path)
+            if kept is not None:
+                return kept.copy()
         if self._group is None:
             import zarr
 
@@ -225,7 +234,12 @@ class WindowReader(ReaderSetup):
             self._group = zarr.open_group(store, mode="r")
         arr = self._group[layout.path]
         if span is None:
-            return np.asarray(arr[...])
+            value = np.asarray(arr[...])
+            if small:
+                if len(self._small) >= MAX_SMALL:
+                    self._small.clear()
+                self._small[layout.path] = value.copy()
+            return value
         index = [slice(None)] * len(layout.shape)
         index[layout.time_axis] = slice(span.start, span.stop)
         data = np.asarray(arr[tuple(index)])

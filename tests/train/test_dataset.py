@@ -122,18 +122,17 @@ def short_store(tmp_path_factory):
 
 def test_short_items_pad(short_store):
     url, items = short_store
-    with pytest.warns(UserWarning, match="2 item.*padded"):
+    with pytest.warns(UserWarning, match="1 item.*padded") as said:
         ds = zstore.WindowDataset(url, window_seconds=2.0, short="pad", cache=False)
-    assert len(ds) == 3 and sorted(ds.short_items) == ["empty", "short"]
+    assert any("'empty'" in str(w.message) and "no samples" in str(w.message) for w in said)
+    assert len(ds) == 2 and ds.short_items == ["short"]  # a window of zeros only: not served
     by_name = {ds[i]["item"]: ds[i] for i in range(len(ds))}
     s = by_name["short"]
     assert s["wav"].shape == (1, 32000) and s["length"] == 120
     np.testing.assert_array_equal(s["wav"][:, :19200].numpy(), items["short"]["wav"])
     assert not s["wav"][:, 19200:].any() and not s["act"][:, 120:].any()
-    e = by_name["empty"]
-    assert e["length"] == 0 and not e["wav"].any() and e["wav"].shape == (1, 32000)
     batch = next(iter(DataLoader(ds, batch_size=3)))
-    assert batch["wav"].shape == (3, 1, 32000) and sorted(batch["length"].tolist()) == [0, 120, 200]
+    assert batch["wav"].shape == (2, 1, 32000) and sorted(batch["length"].tolist()) == [120, 200]
 
 
 def test_short_items_skip_and_error(short_store):
@@ -233,3 +232,35 @@ def test_an_items_covered_length_is_the_same_one_at_a_time():
     together = table[np.arange(400)]
     assert [table[i] for i in range(400)] == together.tolist()
     assert isinstance(table[np.int64(7)], int)
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_recordings_of_no_samples_are_not_padded(tmp_path, pack_seconds):
+    # a failed segment: padded, its window was all zeros, served with the item's label
+    rng = np.random.default_rng(1)
+    items = {
+        f"u{i}": {
+            "wav": rng.standard_normal((1, 0 if i in (1, 4) else 16000 * (1 + i))).astype(
+                np.float32
+            ),
+            "label": np.int64(i),
+        }
+        for i in range(5)
+    }
+    src = write_h5(tmp_path / "a.h5", items)
+    store = tmp_path / "a.zarr"
+    zstore.convert(src, store, rates={"wav": 16000}, progress=False, pack_seconds=pack_seconds)
+    said = r"2 item\(s\) hold no samples and are left out, not padded: 'u1', 'u4'"
+    with pytest.warns(UserWarning, match=said):
+        ds = zstore.WindowDataset(store, window_seconds=1.5, fields=["wav", "label"])
+    assert {ds[i]["item"] for i in range(len(ds))} == {"u0", "u2", "u3"}  # u0 padded
+    assert ds.short_items == ["u0"]
+    with pytest.warns(UserWarning, match="hold no samples"):
+        listed = zstore.WindowDataset(store, window_seconds=0.5, fields=["wav"], items=["u4", "u3"])
+    assert [listed[i]["item"] for i in range(len(listed))] == ["u3"]
+    skip = zstore.WindowDataset(store, window_seconds=0.5, fields=["wav"], short="skip")
+    assert {skip[i]["item"] for i in range(len(skip))} == {"u0", "u2", "u3"}
+    with pytest.raises(zstore.ShortItemError, match="u1"):
+        zstore.WindowDataset(store, window_seconds=0.5, fields=["wav"], short="error")
+    whole = zstore.WindowDataset(store, window_seconds=None, fields=["wav", "label"])
+    assert {whole[i]["item"]: whole[i]["wav"].shape[1] for i in range(len(whole))}["u4"] == 0

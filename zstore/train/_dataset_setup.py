@@ -141,14 +141,19 @@ class DatasetSetup:
             # Nothing to filter: no per-item arrays, so opening costs the same at any
             # size, in this process and in every worker that unpickles the dataset.
             self._index: Any = range(len(manifest.items))
-            self._short = np.zeros(0, dtype=np.int64)
+            self._short = self._empty = np.zeros(0, dtype=np.int64)
             self._check_window_size()
             return
+        lacking = np.union1d(self._lacking(manifest, names, untimed), untimed)
+        self._empty = np.zeros(0, dtype=np.int64)
         if self._coarse is not None:
             self._lengths = self._lengths[:]
-        lacking = np.union1d(self._lacking(manifest, names, untimed), untimed)
+        if self._window is not None and self.short == "pad":
+            # a recording of no samples is not padded: its window would be zeros only,
+            # served with the item's labels ("skip" leaves it out, "error" names it)
+            self._empty = np.setdiff1d(np.flatnonzero(self._lengths == 0), lacking)
         self._index, short = usable_items(
-            self._lengths, self._window, self.short, self._items, lacking
+            self._lengths, self._window, self.short, self._items, np.union1d(lacking, self._empty)
         )
         if self._selected is not None:  # an item list: its items, in its order
             usable = np.zeros(len(self._items), dtype=bool)
@@ -156,6 +161,7 @@ class DatasetSetup:
             chosen = np.asarray([manifest.position(n) for n in self._selected], dtype=np.int64)
             self._index = chosen[usable[chosen]]
             short = np.intersect1d(short, chosen)
+            self._empty = np.intersect1d(self._empty, chosen)
         self._short = short
         self._check_window_size()
 

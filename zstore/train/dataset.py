@@ -123,6 +123,14 @@ class WindowDataset(DatasetSetup, torch.utils.data.Dataset):
         if items is not None:
             self._selected = select_items(self.reader.open(), items, self.url)
         self._setup()
+        if len(self._empty):
+            names = ", ".join(repr(self._items[int(i)]) for i in self._empty[:5])
+            more = f" and {len(self._empty) - 5} more" if len(self._empty) > 5 else ""
+            warnings.warn(
+                f"{self.url}: {len(self._empty)} item(s) hold no samples and are left out, "
+                f"not padded: {names}{more}",
+                stacklevel=2,
+            )
         if len(self._short) and short != "error":
             what = "padded with zeros" if short == "pad" else "left out"
             warnings.warn(

@@ -687,3 +687,74 @@ def test_a_scalar_is_read_through_zarr_once_per_process_and_never_shared(tmp_pat
     monkeypatch.setattr(zarr, "open_group", no_zarr)
     ds.reader._group = None
     assert [int(ds[i]["label"]) for i in range(len(ds))] == first == [10, 11, 12]
+
+
+SEGMENT = np.dtype([("start", "<f8"), ("end", "<f8"), ("speaker", "<i4")])
+FRAME = np.dtype([("pitch", "<f4"), ("energy", "<f4")])
+
+
+def diarization(path: Path) -> str:
+    """Recordings with a segment table (1-2 rows of start, end, speaker) and per-frame
+    records (pitch, energy at 100/s) as compound datasets, as alignment tools write."""
+    rng = np.random.default_rng(9)
+    with h5py.File(path, "w") as f:
+        for i in range(4):
+            g = f.create_group(f"rec{i}")
+            n = 16000 * (3 + i)
+            g["wav"] = (rng.integers(-3000, 3000, (1, n)) / 32768).astype(np.float32)
+            rows = [(0.0, 1.0, 0), (1.0, 2.5, 1 + i)][: 1 + i % 2]
+            g["segments"] = np.array(rows, dtype=SEGMENT)
+            g["segments"].attrs["unit"] = "s"
+            frames = np.zeros(n // 160, dtype=FRAME)
+            frames["pitch"], frames["energy"] = rng.random(n // 160), rng.random(n // 160)
+            g["frames"] = frames
+    return str(path)
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_compound_datasets_are_converted_one_array_per_field(tmp_path, pack_seconds):
+    src = diarization(tmp_path / "d.h5")
+    store = tmp_path / "d.zarr"
+    # 1-2 segment rows in recordings of 3-6 s fitted 16000 / 48000 rounded, and the
+    # conversion stopped: "--rate segments.end=0.333333 ... less than one sample"
+    report = zstore.convert(
+        src, store, rates={"wav": 16000}, progress=False, pack_seconds=pack_seconds, verify=True
+    )
+    arrays = manifest_of(store).arrays
+    assert arrays["frames.pitch"].rate == 100 and arrays["frames.energy"].inferred
+    for name in ("segments.start", "segments.end", "segments.speaker"):
+        assert arrays[name].rate is None, report
+    assert not any("segments" in s or "frames" in s for s in report.skipped)
+    tables = ["segments.start", "segments.end", "segments.speaker"]
+    with h5py.File(src) as f:
+        ds = zstore.WindowDataset(
+            store, window_seconds=None, fields=["wav", "frames.pitch", "frames.energy", *tables]
+        )
+        for i in range(len(ds)):
+            x = ds[i]
+            for name in ("frames.pitch", "frames.energy", *tables):
+                dataset, field = name.split(".")
+                want = f[x["item"]][dataset][field]
+                assert x[name].numpy().dtype == want.dtype
+                np.testing.assert_array_equal(x[name].numpy(), want)
+        windows = zstore.WindowDataset(store, window_seconds=1.0, fields=["wav", "frames.pitch"])
+        for i in range(len(windows)):
+            x = windows[i]
+            start = round(x["start"] * 100)
+            want = f[x["item"]]["frames"]["pitch"][start : start + 100]
+            np.testing.assert_array_equal(x["frames.pitch"].numpy(), want)
+    if not pack_seconds:  # the table's attributes go with each of its fields
+        assert zarr.open_group(store, mode="r")["rec0/segments.end"].attrs["unit"] == "s"
+
+
+def test_a_compound_field_named_as_another_dataset_is_left_out_and_said(tmp_path):
+    src = diarization(tmp_path / "d.h5")
+    with h5py.File(src, "a") as f:
+        for i in range(4):
+            f[f"rec{i}/segments.end"] = np.zeros(3, np.float32)
+    with pytest.warns(UserWarning, match="segments"):
+        report = zstore.convert(src, tmp_path / "d.zarr", rates={"wav": 16000}, progress=False)
+    said = [s for s in report.skipped if "compound" in s]
+    assert said and "'segments.end', the name of another dataset" in said[0]
+    arrays = manifest_of(tmp_path / "d.zarr").arrays
+    assert "segments.end" in arrays and "segments.start" not in arrays

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zstore.convert._fields import source_dataset
 from zstore.convert._source import SourceItem, open_source
 from zstore.format import ArrayInfo
 
@@ -54,7 +55,7 @@ def _labels(first: dict[str, SourceItem]) -> dict[str, list[str | None]]:
     for source, names in by_file.items():
         with open_source(source) as f:
             for n in names:
-                ds = f[first[n].group][n]
+                ds = source_dataset(f[first[n].group], first[n].fields, n)
                 got: list[str | None] = []
                 for dim in ds.dims:
                     label = dim.label

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zstore.convert._fields import source_dataset
 from zstore.convert._source import SourceItem, SourcePlan, open_source
 from zstore.convert._tasks import Progress, run_batches
 from zstore.convert._values import Tally, prepared, stored_values
@@ -82,7 +83,7 @@ def _geometry(
 
 def read_array(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.ndarray:
     try:
-        return (src_group[name] if ds is None else ds)[()]
+        return (source_dataset(src_group, item.fields, name) if ds is None else ds)[()]
     except (OSError, RuntimeError) as e:
         raise SourceError(
             f"{item.source}: reading '{item.group}/{name}' failed ({e}); the "
@@ -111,7 +112,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
         objects: dict[str, bytes] = {}
         by_zarr = []
         for name in item.shapes:
-            ds = src_group[name]
+            ds = source_dataset(src_group, item.fields, name)
             shape, dtype = tuple(ds.shape), ds.dtype
             chunks, shards = _geometry(shape, job.arrays[name], job.chunk_seconds, dtype.itemsize)
             if not handles(job.codec, dtype, shape):
@@ -192,7 +193,7 @@ def _write_by_zarr(
 ) -> None:
     group = root.require_group(item.name)
     for name in names:
-        ds = src_group[name]
+        ds = source_dataset(src_group, item.fields, name)
         data = prepared(job.arrays[name], read_array(src_group, item, name), tally.array(name))
         chunks, shards = _geometry(
             tuple(ds.shape), job.arrays[name], job.chunk_seconds, ds.dtype.itemsize

@@ -18,6 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from zstore.convert._fields import source_dataset
 from zstore.convert._items import source_files
 from zstore.convert._source import SourceItem, identity_of
 from zstore.errors import SourceError
@@ -78,6 +79,9 @@ def _read_item(
         arrays: dict[str, np.ndarray] = {}
         attrs: dict[str, Any] = {}
         for name, shape in item.shapes.items():
+            if name in item.fields:  # a compound dataset's field: read on its own
+                arrays[name] = source_dataset(f[item.group], item.fields, name)[()]
+                continue
             where = f"{item.group}/{name}"
             dtype = np.dtype(item.dtypes[name])
             offset = item.offsets.get(name)

@@ -18,6 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from zstore.convert._fields import SEPARATOR, numeric_fields
 from zstore.convert._source import NUMERIC_KINDS, SourceItem, identity_of, open_source
 from zstore.errors import SourceError
 from zstore.urls import is_url
@@ -91,10 +92,25 @@ def scan(
         for alias, target in sorted(aliases.items())
     ]
     groups: dict[str, list[tuple[str, tuple[int, ...], np.dtype]]] = {}
+    split: dict[str, dict[str, tuple[str, str]]] = {}  # group -> its compound fields
+    paths = {full for full, _, _ in found}
     for full, shape, dtype in found:
         group, _, key = full.rpartition("/")
+        fields = numeric_fields(dtype)
         if not group:
             skipped.append(f"/{key}: dataset at the file's root, not in a group")
+        elif fields is not None:  # a table of records: one array per field
+            names = [f"{key}{SEPARATOR}{field}" for field, _ in fields]
+            clash = next((n for n in names if f"{group}/{n}" in paths), None)
+            if clash is not None:
+                skipped.append(
+                    f"{group}/{key}: compound dtype {dtype}, whose field would be "
+                    f"'{clash}', the name of another dataset"
+                )
+                continue
+            for array, (field, fdtype) in zip(names, fields):
+                groups.setdefault(group, []).append((array, shape, fdtype))
+                split.setdefault(group, {})[array] = (key, field)
         elif dtype.kind not in NUMERIC_KINDS or dtype.names:
             skipped.append(f"{group}/{key}: non-numeric dtype {dtype}")
         else:
@@ -117,6 +133,7 @@ def scan(
                     if (at := f"{name}/{k}".rstrip("/")) in attrs
                 },
                 identity,
+                split.get(name, {}),
             )
         )
     if not items:

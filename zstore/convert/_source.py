@@ -41,6 +41,9 @@ class SourceItem:
     #: the file's (size, mtime_ns, inode) when ``offsets`` were found: they are used
     #: only while the file is unchanged
     identity: tuple[int, int, int] | None = None
+    #: arrays that are fields of a compound dataset: name -> (dataset, field)
+    #: (:mod:`zstore.convert._fields`)
+    fields: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,11 +116,17 @@ def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
     return names
 
 
+#: the fewest values along time (in the longest item) that a rate is inferred from
+MIN_STEPS = 8
+
+
 def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
     """('div', k) when x == r / k in every item (rounded down or up: an item shorter than
-    one frame has none), ('mul', k) when x == r * k; only when the items show at least two different lengths: a ratio seen
-    in items of one length (or in one item) proves nothing (a 10-value embedding in 3 s
-    segments has a 'ratio' of 4,800 to 16 kHz audio).
+    one frame has none), ('mul', k) when x == r * k; only when the items show at least
+    two different lengths: a ratio seen in items of one length (or in one item) proves
+    nothing (a 10-value embedding in 3 s segments has a 'ratio' of 4,800 to 16 kHz
+    audio).  A divided length must reach :data:`MIN_STEPS` in the longest item: a
+    table of 1-2 rows per recording fits r / k, rounded, for some k in any few items.
 
     Items where both are 0 (zero-length recordings) fit any ratio and are left out.
     """
@@ -126,7 +135,7 @@ def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
         return None
     xs, rs = [p[0] for p in pairs], [p[1] for p in pairs]
     x0, r0 = max(pairs)  # the longest: a short item's rounding would skew k
-    if x0 > 0:
+    if x0 >= MIN_STEPS:
         k = max(1, round(r0 / x0))
         if all(r // k <= x <= -(-r // k) for x, r in zip(xs, rs)):
             return ("div", k)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zstore.convert._fields import source_dataset
 from zstore.convert._source import SourceItem, open_source
 from zstore.errors import SourceError
 from zstore.format import (
@@ -199,7 +200,7 @@ def with_precision(
 def sample(item: SourceItem, name: str, time_axis: int | None) -> np.ndarray:
     """The first :data:`SAMPLE_VALUES` or so values of an item's array, along time."""
     with open_source(item.source) as f:
-        ds = f[item.group][name]
+        ds = source_dataset(f[item.group], item.fields, name)
         if time_axis is None or not ds.ndim:
             return np.asarray(ds[()])
         per_step = max(1, ds.size // max(1, ds.shape[time_axis]))

@@ -250,3 +250,72 @@ def test_a_damaged_ram_shard_found_by_one_reader_is_dropped_for_every_reader(
         assert [first[i]["wav"].numpy().tobytes() for i in range(len(first))] == expected
     assert zstore.cache_stats(cfg)["ram"]["corrupt"] >= 1
     assert _whole_items(small_store, cfg) == expected
+
+
+def _same_layout_sources(tmp_path):
+    """Two files of the same items and shapes whose values differ but compress to the
+    same sizes, so one store's shard indexes fit the other's objects byte for byte."""
+    import h5py
+    import numpy as np
+
+    paths = []
+    for name, level in (("a.h5", 1000), ("b.h5", -2000)):
+        with h5py.File(tmp_path / name, "w") as f:
+            for i in range(4):
+                wave = level + (np.arange(16000 * 30) % 7)
+                f[f"rec{i}/wav"] = (wave[None] / 32768).astype(np.float32)
+        paths.append(str(tmp_path / name))
+    return paths
+
+
+@pytest.mark.parametrize("tier", ["none", "ram, a tenth of the store", "ram, all of it"])
+def test_a_store_overwritten_under_a_running_job_never_gives_the_new_values(tmp_path, tier):
+    # The job kept its manifest and its tiers' shard indexes, and read the new store's
+    # objects: windows of both stores, mixed, without an error.
+    a, b = _same_layout_sources(tmp_path)
+    store = tmp_path / "s.zarr"
+    zstore.convert(a, store, rates={"wav": 16000}, progress=False)
+    cache = (
+        False
+        if tier == "none"
+        else zstore.CacheConfig(  # decoded: the encoded store (~90 KB) would fit whole
+            ram_dir=tmp_path / "ram",
+            ram_bytes="400KB" if "tenth" in tier else "64MB",
+            ram_format="decoded",
+        )
+    )
+    ds = zstore.WindowDataset(store, window_seconds=1.0, cache=cache, windows_per_item=8)
+    for i in range(len(ds)):  # the job's first epoch, its tier filled behind it
+        assert round(float(ds[i]["wav"].min()) * 32768) == 1000
+    assert ds.settle(timeout=120)
+    zstore.convert(b, store, rates={"wav": 16000}, progress=False, overwrite=True)
+    served, refused = 0, 0
+    for i in range(len(ds)):
+        try:
+            low = round(float(ds[i]["wav"].min()) * 32768)
+        except zstore.StoreReplacedError as e:
+            assert "replaced while this job read it" in str(e) and "restart the job" in str(e)
+            refused += 1
+            continue
+        assert low == 1000, f"window {i} holds the new store's values"
+        served += 1
+    assert (served, refused) == (len(ds), 0) if tier == "ram, all of it" else refused > 0
+    fresh = zstore.WindowDataset(store, window_seconds=1.0, cache=cache)
+    assert round(float(fresh[0]["wav"].min()) * 32768) == -2000  # a new job reads the new store
+
+
+def test_an_append_under_a_running_job_is_not_a_replacement(tmp_path):
+    import h5py
+    import numpy as np
+
+    a, _ = _same_layout_sources(tmp_path)
+    store = tmp_path / "s.zarr"
+    zstore.convert(a, store, rates={"wav": 16000}, progress=False)
+    ds = zstore.WindowDataset(store, window_seconds=1.0, cache=False, windows_per_item=4)
+    first = [ds[i]["wav"].numpy().copy() for i in range(0, len(ds), 2)]
+    with h5py.File(tmp_path / "more.h5", "w") as f:
+        f["new0/wav"] = np.zeros((1, 16000 * 5), np.float32)
+    zstore.append(str(tmp_path / "more.h5"), store, progress=False)
+    again = [ds[i]["wav"].numpy() for i in range(0, len(ds), 2)]  # the root was rewritten
+    assert all(np.array_equal(x, y) for x, y in zip(first, again))
+    assert len(ds) == 16  # the view it opened

@@ -20,6 +20,7 @@ from zstore.errors import (
     ShortItemError,
     SourceError,
     StoreFormatError,
+    StoreReplacedError,
     ZstoreError,
 )
 from zstore.units import parse_size
@@ -99,6 +100,7 @@ __all__ = [
     "SourceError",
     "store_info",
     "StoreFormatError",
+    "StoreReplacedError",
     "warm",
     "WindowDataset",
     "WindowLoader",

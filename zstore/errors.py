@@ -24,6 +24,11 @@ class StoreFormatError(ZstoreError, ValueError):
     """A store is not a zstore store, or its manifest is inconsistent."""
 
 
+class StoreReplacedError(StoreFormatError):
+    """The store at a reader's URL is no longer the one it opened: removed, or replaced
+    by a conversion with ``--overwrite`` (its store id changed) while a job read it."""
+
+
 class ConfigError(ZstoreError, ValueError):
     """An option or ``ZSTORE_*`` environment variable has a value zstore cannot use."""
 

@@ -79,7 +79,7 @@ def test_a_first_read_is_served_before_its_shards_are_filled(
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] == indexes + 2  # the wav and act shards, once
     # the fill fetched the shards' other chunks: every byte of both shards, once
-    assert fs.bytes == sum(os.path.getsize(f"{small_store}/{ITEM}/{n}/c/0/0") for n in SPANS)
+    assert fs.data_bytes == sum(os.path.getsize(f"{small_store}/{ITEM}/{n}/c/0/0") for n in SPANS)
     hits = stats["ram"]["hits"]
     again = reader.read(ITEM, SPANS)  # now from the shards in the tier
     np.testing.assert_array_equal(again["wav"], got["wav"])
@@ -111,17 +111,17 @@ def test_a_queued_fill_fetches_its_shards_at_once_and_reads_take_them_from_memor
     reader.read(ITEM, SPANS)  # returns while the fill is held
     assert started.wait(120) and rest_fetches
     assert all(f.done.wait(120) for f in rest_fetches)  # fetched while the fill waits its turn
-    assert fs.bytes == shards  # both shards: their indexes and all their chunks
-    requests = fs.requests
+    assert fs.data_bytes == shards  # both shards: their indexes and all their chunks
+    requests = fs.data_requests
     whole = {n: Span(0, root[f"{ITEM}/{n}"].shape[-1]) for n in SPANS}
     got = reader.read(ITEM, whole)  # every chunk, the fill still held
-    assert fs.requests == requests  # all from the fill's memory
+    assert fs.data_requests == requests  # all from the fill's memory
     for name in SPANS:
         np.testing.assert_array_equal(got[name], root[f"{ITEM}/{name}"][...])
 
     release.set()
     assert reader.settle(timeout=120)
-    assert (fs.requests, fs.bytes) == (requests, shards)  # the fill fetched nothing
+    assert (fs.data_requests, fs.data_bytes) == (requests, shards)  # the fill fetched nothing
     assert zstore.cache_stats(cfg)["ram"]["fills"] == len(SPANS) * 2  # indexes, shards
     assert len(reader.form.fill_chunks) == 0  # let go once the shards are in
     assert reader.form.at_hand.used == 0  # and their bytes given back
@@ -129,7 +129,7 @@ def test_a_queued_fill_fetches_its_shards_at_once_and_reads_take_them_from_memor
     again = reader.read(ITEM, whole)
     for name in SPANS:
         np.testing.assert_array_equal(again[name], got[name])
-    assert zstore.cache_stats(cfg)["ram"]["hits"] > hits and fs.requests == requests
+    assert zstore.cache_stats(cfg)["ram"]["hits"] > hits and fs.data_requests == requests
 
 
 def test_a_chunk_never_written_takes_nothing_of_the_at_hand_budget(
@@ -184,9 +184,9 @@ def test_a_fill_that_fails_lets_go_of_its_chunks(small_store, tmp_path, monkeypa
     assert reader.settle(timeout=120)
     assert "behind the reads failed" in caplog.text
     assert len(reader.form.fill_chunks) == 0
-    requests = fs.requests
+    requests = fs.data_requests
     again = reader.read(ITEM, SPANS)
-    assert fs.requests > requests  # from the origin again, not from memory
+    assert fs.data_requests > requests  # from the origin again, not from memory
     for name in SPANS:
         np.testing.assert_array_equal(again[name], first[name])
         np.testing.assert_array_equal(

@@ -133,11 +133,12 @@ def test_window_is_one_batch_of_origin_requests(small_store, tmp_path):
     reader.read("utt000002", {"act": Span(a, a + 200), "wav": Span(a * 160, (a + 200) * 160)})
     # 2 shard indexes together, then the 3 one-second chunks of each array together, as
     # one merged byte range per array (they lie next to each other in the shard)
-    first = fs.requests
+    first = fs.data_requests
     assert first == 2 + 1 + 1
+    assert fs.root_requests == 2  # the store's root, checked in each round (_replaced)
     assert fs.max_in_flight >= 2
     reader.read("utt000002", {"act": Span(a, a + 200), "wav": Span(a * 160, (a + 200) * 160)})
-    assert fs.requests == first  # all from the tiers now
+    assert fs.data_requests == first  # all from the tiers now
 
 
 def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
@@ -150,7 +151,7 @@ def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
     needed = int(sum(index[k][1] for k in range(2, 4)))  # 2 s window on the chunk grid
     fs.reset_counts()
     reader.read("utt000003", {"wav": Span(32000, 64000)})
-    assert fs.bytes == needed
+    assert fs.data_bytes == needed
 
 
 def test_auto_fetch_reads_whole_shards_from_a_network_file_system(
@@ -187,20 +188,20 @@ def test_fetch_modes_same_data_expected_requests(small_store, tmp_path, fetch, m
     reader.open()
     fs.reset_counts()
     first = reader.read("utt000004", {"wav": Span(0, 16000 * 2)})["wav"]
-    served = fs.requests
+    served = fs.data_requests
     assert reader.settle(timeout=120)  # the shard's build behind the first read is done
     second = reader.read("utt000004", {"wav": Span(16000 * 2, plain.shape[1])})["wav"]
     np.testing.assert_array_equal(np.concatenate([first, second], axis=1), plain[...])
     n_chunks = -(-plain.shape[1] // 16000)
     shard = os.path.getsize(f"{small_store}/utt000004/wav/c/0/0")
     if fetch == "shard":
-        assert fs.requests == 1  # the whole shard once; every chunk then from the tiers
-        assert fs.bytes == shard
+        assert fs.data_requests == 1  # the whole shard once; every chunk then from the tiers
+        assert fs.data_bytes == shard
     else:  # the index, the window's chunks, then (behind the read, to build the decoded
         # shard) its other chunks, each as one merged range: every byte once.  (A later
         # read fetches a new shard's other chunks in its own round: test_fill_behind.py)
-        assert n_chunks > 2 and served == 1 + 1 and fs.requests == 1 + 2
-        assert fs.bytes == shard
+        assert n_chunks > 2 and served == 1 + 1 and fs.data_requests == 1 + 2
+        assert fs.data_bytes == shard
 
 
 def test_coalesce_merges_adjacent_ranges_up_to_the_limit():
@@ -254,8 +255,8 @@ def test_coalescing_limit_splits_ranges_same_data(small_store, tmp_path, monkeyp
         fs.reset_counts()
         got = reader.read("utt000004", {"wav": Span(0, plain.shape[1])})["wav"]
         np.testing.assert_array_equal(got, plain[...])
-        assert fs.bytes == shard_bytes  # the same bytes, in fewer requests
-        ranges = fs.requests - 1  # after the index
+        assert fs.data_bytes == shard_bytes  # the same bytes, in fewer requests
+        ranges = fs.data_requests - 1  # after the index
         if limit == 1:
             assert ranges == n_chunks
         elif limit >= shard_bytes:
@@ -277,8 +278,8 @@ def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path, monkey
     # both indexes, the window's chunks (one merged range per shard), then behind the
     # read the shards' other chunks: every byte of both shards once
     shards = [f"{small_store}/utt000005/{n}/c/0/0" for n in ("wav", "act")]
-    assert fs.bytes == sum(os.path.getsize(p) for p in shards)
-    assert 2 + 2 <= fs.requests <= 2 + 2 + 2
+    assert fs.data_bytes == sum(os.path.getsize(p) for p in shards)
+    assert 2 + 2 <= fs.data_requests <= 2 + 2 + 2
     assert fs.max_in_flight >= 2
     np.testing.assert_array_equal(got["wav"], wav[:, 16000:48000])
     other = WindowReader(small_store, cache=cfg, origin_fs=fs).open()  # as another process
@@ -290,7 +291,7 @@ def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path, monkey
         )
         np.testing.assert_array_equal(got["wav"], wav[:, a * 160 : (a + 100) * 160])
         np.testing.assert_array_equal(got["act"], act[:, a : a + 100])
-    assert fs.requests == 0
+    assert fs.data_requests == 0
     stats = zstore.cache_stats(cfg)
     assert stats["ram"]["fills"] == fills  # served from the shards the first reader built
     assert stats["ram"]["entries"] >= 2 and stats["ram"]["hits"] >= 6
@@ -327,7 +328,7 @@ def test_shards_larger_than_the_ram_budget_read_only_the_window(small_store, tmp
     fs.reset_counts()
     got = reader.read(item, {"wav": Span(16000, 32000)})["wav"]
     np.testing.assert_array_equal(got, wav[:, 16000:32000])
-    assert fs.requests == 2  # the index and one chunk, not the whole shard
+    assert fs.data_requests == 2  # the index and one chunk, not the whole shard
     assert zstore.cache_stats(cfg)["ram"]["bypassed"] == 0
 
 

@@ -128,7 +128,7 @@ def test_transient_failures_are_retried(small_store, tmp_path):
     fs.fail_next(3, lambda: ConnectionResetError("connection reset by peer"))
     got = reader.read("utt000000", {"wav": Span(0, 16000)})["wav"]
     np.testing.assert_array_equal(got, expected)
-    assert fs.requests == 3 + 2  # three failures, then the index and the chunk
+    assert fs.data_requests == 3 + 2  # three failures, then the index and the chunk
 
 
 def test_permanent_errors_are_not_retried(small_store, tmp_path):
@@ -138,7 +138,7 @@ def test_permanent_errors_are_not_retried(small_store, tmp_path):
     fs.fail_next(1, lambda: PermissionError("403 Forbidden"))
     with pytest.raises(zstore.OriginError, match=r"utt000003/wav/c/0/0 \(last \d+ bytes\).*403"):
         reader.read("utt000003", {"wav": Span(0, 100)})
-    assert fs.requests == 1
+    assert fs.data_requests == 1
 
 
 def test_retries_stop_at_the_limit(small_store, tmp_path):
@@ -158,7 +158,7 @@ def test_truncated_response_is_detected_and_retried(small_store, tmp_path):
     fs.truncate_next(1)
     got = reader.read("utt000004", {"wav": Span(16000, 32000)})["wav"]
     np.testing.assert_array_equal(got, expected)
-    assert fs.requests == 2
+    assert fs.data_requests == 2
 
 
 def test_missing_store_is_a_clear_error(tmp_path):

@@ -79,7 +79,7 @@ def test_warm_keeps_whole_shards_and_windows_need_no_origin_request(small_store,
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()  # another process
     fs.reset_counts()
     assert_windows_equal(reader, root, np.random.default_rng(0))
-    assert fs.requests == 0
+    assert fs.data_requests == 0
     assert zstore.cache_stats(cfg)["ssd"]["hits"] > 0
 
 
@@ -117,10 +117,10 @@ def test_shard_fetch_fills_each_whole_shard_once_for_the_node(small_store, tmp_p
     fs.reset_counts()
     got = first.read(item, {"wav": Span(0, 16000)})["wav"]
     np.testing.assert_array_equal(got, wav[:, :16000])
-    assert fs.requests == 1  # the whole shard, no index request
+    assert fs.data_requests == 1  # the whole shard, no index request
     got = second.read(item, {"wav": Span(16000, wav.shape[1])})["wav"]
     np.testing.assert_array_equal(got, wav[:, 16000:])
-    assert fs.requests == 1  # the second reader maps what the first kept
+    assert fs.data_requests == 1  # the second reader maps what the first kept
     assert first.settle(timeout=120)  # its write of the shard, behind its read
     assert [k for k in tier_keys(tmp_path / "ssd") if "#r" in k or "#s" in k] == []
     assert zstore.cache_stats(cfg)["ssd"]["fills"] == 1
@@ -144,7 +144,7 @@ def test_whole_shards_serve_the_decoded_and_encoded_ram_tiers(small_store, tmp_p
         fs.reset_counts()
         for _ in range(2):  # builds the RAM tier's shards from the SSD's, then hits
             assert_windows_equal(reader, root, np.random.default_rng(2))
-        assert fs.requests == 0
+        assert fs.data_requests == 0
 
 
 def test_a_read_does_not_wait_for_another_process_fetching_its_shard_whole(small_store, tmp_path):
@@ -170,12 +170,12 @@ def test_a_read_does_not_wait_for_another_process_fetching_its_shard_whole(small
     other.tiers.fill_locks.release(held)
     assert not t.is_alive(), "the read waited for the other process's whole-shard fetch"
     np.testing.assert_array_equal(got["wav"], wav[:, :16000])
-    assert 0 < fs.bytes < shard  # the index and the window's chunk, not the shard
+    assert 0 < fs.data_bytes < shard  # the index and the window's chunk, not the shard
 
     fs.reset_counts()
     again = reader.read(item, {"wav": Span(16000, 48000)})["wav"]
     np.testing.assert_array_equal(again, wav[:, 16000:48000])
-    assert fs.bytes == shard and fs.requests == 1  # now fetched whole, once
+    assert fs.data_bytes == shard and fs.data_requests == 1  # now fetched whole, once
 
 
 def test_ranges_read_around_a_shard_fetched_whole_are_neither_locked_nor_kept(
@@ -221,7 +221,7 @@ def test_a_shard_fetched_whole_is_written_behind_the_read(small_store, tmp_path,
         assert zstore.cache_stats(cfg)["ssd"]["fills"] == 0
         later = reader.read(item, {"wav": Span(16000, 32000)})["wav"]
         np.testing.assert_array_equal(later, wav[:, 16000:32000])
-        assert fs.requests == 1  # the whole shard once; the later window from memory
+        assert fs.data_requests == 1  # the whole shard once; the later window from memory
     finally:
         release.set()
     assert reader.settle(timeout=120)
@@ -229,7 +229,7 @@ def test_a_shard_fetched_whole_is_written_behind_the_read(small_store, tmp_path,
     fresh = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
     fs.reset_counts()
     np.testing.assert_array_equal(fresh.read(item, {"wav": Span(0, 16000)})["wav"], got)
-    assert fs.requests == 0  # mapped from the SSD tier
+    assert fs.data_requests == 0  # mapped from the SSD tier
 
 
 def test_whole_shard_writes_do_not_hold_up_the_ram_fills(small_store, tmp_path, hold):
@@ -329,7 +329,7 @@ def test_an_encoded_first_read_fetches_each_shard_whole_once(small_store, tmp_pa
     got = reader.read(item, {"act": Span(100, 300), "wav": Span(16000, 48000)})
     layouts = [reader.layout(item, name) for name in ("wav", "act")]
     whole = sum(os.path.getsize(o) for o in objects)
-    assert fs.bytes == whole + sum(layout.index_bytes for layout in layouts)
+    assert fs.data_bytes == whole + sum(layout.index_bytes for layout in layouts)
     root = zarr.open_group(small_store, mode="r")
     np.testing.assert_array_equal(got["wav"], root[f"{item}/wav"][:, 16000:48000])
     np.testing.assert_array_equal(got["act"], root[f"{item}/act"][:, 100:300])
@@ -385,7 +385,7 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
     # with room the fill did not map the SSD tier's copy; without, it read it from there
     assert (stats["ssd"]["hits"] == 0) is room
     assert budget.used == (0 if room else budget.limit)  # what the fill took, given back
-    assert fs.requests == 1  # nor did it fetch anything again
+    assert fs.data_requests == 1  # nor did it fetch anything again
     np.testing.assert_array_equal(got, wav[:, :16000])
     hits = stats["ssd"]["hits"]
     whole = reader.read(item, {"wav": Span(0, wav.shape[1])})["wav"]  # from the RAM tier
@@ -419,7 +419,7 @@ def test_a_windows_chunks_in_a_shard_held_whole_are_not_counted_twice(small_stor
     fill_release.set()
     assert reader.settle(timeout=120)
     assert zstore.cache_stats(cfg)["ram"]["fills"] == len(items)
-    assert fs.requests == len(items)  # each shard fetched once, whole
+    assert fs.data_requests == len(items)  # each shard fetched once, whole
     for item, wav in zip(items, got):
         np.testing.assert_array_equal(wav, root[f"{item}/wav"][:, :16000])
 
@@ -461,7 +461,7 @@ def test_whole_shards_written_around_the_page_cache_read_back_right(
     fresh = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
     fs.reset_counts()
     assert_windows_equal(fresh, root, np.random.default_rng(6))
-    assert fs.requests == 0  # every window from the SSD tier's shards
+    assert fs.data_requests == 0  # every window from the SSD tier's shards
 
 
 def test_a_forked_child_holds_none_of_its_parents_shards_in_memory(small_store, tmp_path, hold):

@@ -21,6 +21,7 @@ from zstore.format import EMPTY, ArrayLayout, decode_chunk, decode_index, fill_c
 from zstore.origin import Origin, Request, describe
 from zstore.read._builds import BehindBuilds
 from zstore.read._origin_fetch import OriginFetch
+from zstore.read._replaced import StoreCheck
 from zstore.read._ssd_shards import Held, WholeShards
 from zstore.read._whole_fetch import Pending, WholeFetch, finish
 
@@ -44,9 +45,12 @@ class ChunkSource(OriginFetch):
         fetch: str,
         complete: bool = False,
         behind: BehindBuilds | None = None,
+        check: StoreCheck | None = None,
     ):
         self.url, self.origin, self.tiers, self.fetch = url, origin, tiers, fetch
         self.complete = complete
+        #: the store's root checked in every origin round: not another store's values
+        self.check = check
         self._indexes: OrderedDict[str, np.ndarray] = OrderedDict()
         self.whole = (
             WholeShards(url, tiers, behind) if tiers is not None and tiers.ssd is not None else None
@@ -60,7 +64,9 @@ class ChunkSource(OriginFetch):
     def for_thread(self) -> ChunkSource:
         """A source of the same store, with its own shard indexes, for another thread
         (a source is used by one thread at a time)."""
-        return ChunkSource(self.url, self.origin, self.tiers, self.fetch, self.complete)
+        return ChunkSource(
+            self.url, self.origin, self.tiers, self.fetch, self.complete, check=self.check
+        )
 
     def _missing(self, obj: str, what: str) -> MissingDataError:
         return missing_error(self.url, obj, what)

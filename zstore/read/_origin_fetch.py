@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from zstore.cache import TieredCache
 from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.origin import Origin, Request
+from zstore.read._replaced import StoreCheck
 
 COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size
 
@@ -24,6 +25,7 @@ class OriginFetch:
         origin: Origin
         tiers: TieredCache | None
         fetch: str
+        check: StoreCheck | None
 
     def fetch_many(
         self,
@@ -109,15 +111,19 @@ class OriginFetch:
 
     def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:
         merged, parts = coalesce(requests, COALESCE_BYTES)
+        check = self.check  # the store's root, read in the same round (see _replaced)
+        asked = merged + [check.request] if check is not None else merged
         try:
-            datas: list[bytes | memoryview | None] = list(self.origin.read_many(merged))
+            datas: list[bytes | memoryview | None] = list(self.origin.read_many(asked))
         except FileNotFoundError:  # some object is missing: find which, one by one
             datas = []
-            for r in merged:
+            for r in asked:
                 try:
                     datas.append(self.origin.read(*r))
                 except FileNotFoundError:
                     datas.append(None)
+        if check is not None:
+            check.verify(datas.pop())
         if self.tiers is not None:
             self.tiers.stats.add("origin_requests", len(merged))
             self.tiers.stats.add("origin_bytes", sum(len(d) for d in datas if d is not None))

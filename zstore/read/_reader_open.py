@@ -31,6 +31,7 @@ from zstore.read._maps import MappedValues
 from zstore.read._ram_shards import DecodedShards, EncodedShards, ShardForm
 from zstore.read._reader_meta import ItemPlaces
 from zstore.read._records import BatchRecords
+from zstore.read._replaced import StoreCheck
 from zstore.read._shard_pieces import drop_reused_scratch
 from zstore.urls import is_url, local_path
 
@@ -141,6 +142,7 @@ class ReaderSetup(ItemPlaces):
             self.fetch,
             complete=self.manifest.all_chunks_written,
             behind=self.writes,
+            check=StoreCheck(self.url, self.manifest.store_id) if self.manifest.store_id else None,
         )
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
         #: packed items' batch records: their attributes and arrays stored whole

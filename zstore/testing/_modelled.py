@@ -35,6 +35,10 @@ class ModelledFileSystem(AbstractFileSystem):
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
+        #: of those, the reads of ``zarr.json`` documents (a reader checks its store's
+        #: root in every round of reads: zstore.read._replaced)
+        self.root_requests = 0
+        self.root_bytes = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self._failures: list[Callable[[], BaseException] | str] = []
@@ -42,19 +46,30 @@ class ModelledFileSystem(AbstractFileSystem):
     def __reduce__(self) -> Any:
         return (ModelledFileSystem, (self.root, self.latency, self.bandwidth))
 
+    @property
+    def data_requests(self) -> int:
+        """Requests for anything but ``zarr.json`` documents (chunks, shard indexes)."""
+        return self.requests - self.root_requests
+
+    @property
+    def data_bytes(self) -> int:
+        return self.bytes - self.root_bytes
+
     def fail_next(self, n: int, error: Callable[[], BaseException]) -> None:
-        """Make the next ``n`` requests raise ``error()``."""
+        """Make the next ``n`` data requests raise ``error()`` (``zarr.json`` reads,
+        which may come in the same concurrent round, are served)."""
         with self._lock:
             self._failures += [error] * n
 
     def truncate_next(self, n: int) -> None:
-        """Make the next ``n`` requests return only half their bytes."""
+        """Make the next ``n`` data requests return only half their bytes."""
         with self._lock:
             self._failures += ["truncate"] * n
 
     def reset_counts(self) -> None:
         with self._lock:
             self.requests = self.bytes = self.max_in_flight = 0
+            self.root_requests = self.root_bytes = 0
 
     def _local(self, path: str) -> str:
         path = self._strip_protocol(path)
@@ -68,9 +83,11 @@ class ModelledFileSystem(AbstractFileSystem):
         return path.rstrip("/") or "/"
 
     def _serve(self, path: str, start: int | None, end: int | None) -> bytes:
+        root = path.endswith("zarr.json")
         with self._lock:
-            injected = self._failures.pop(0) if self._failures else None
+            injected = self._failures.pop(0) if self._failures and not root else None
             self.requests += 1
+            self.root_requests += root
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -90,6 +107,8 @@ class ModelledFileSystem(AbstractFileSystem):
             raise injected()  # type: ignore[operator]
         with self._lock:
             self.bytes += len(data)
+            if root:
+                self.root_bytes += len(data)
         return data
 
     def cat_file(

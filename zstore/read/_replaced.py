@@ -1,0 +1,60 @@
+"""Whether the store a reader opened is still the one at its URL.
+
+A conversion with ``--overwrite`` deletes a store and writes another at the same URL.
+A job that opened the old one keeps its manifest (its items, their lengths, its shard
+indexes in the tiers) but would read the new store's objects: where a shard's index was
+fetched after the overwrite, its chunks decode without error, and the job trains on the
+new store's values under the old store's items, mixed with the old values its tiers
+hold.  So every round of origin reads also reads the store's root ``zarr.json`` (~1 KB;
+in the same concurrent round, not after it).  An overwrite rewrites the root before it
+writes any object, and a shard index is always followed by a round that reads its
+chunks, so no value of another store is returned or put in the tiers: the round raises
+:class:`StoreReplacedError` instead.  An append rewrites the root too, keeping the
+store id: the job goes on with the view it opened (appends rewrite no object)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from zstore.errors import StoreReplacedError
+from zstore.origin import Request
+
+ROOT = "zarr.json"
+
+
+class StoreCheck:
+    """Checks the root a round of origin reads found against the store id opened."""
+
+    def __init__(self, url: str, store_id: str) -> None:
+        self.url, self.store_id = url, store_id
+        self._seen: bytes | None = None  # the root last found to be this store's
+
+    @property
+    def request(self) -> Request:
+        return (ROOT, None, None)
+
+    def verify(self, root: Any) -> None:
+        """Raise :class:`StoreReplacedError` unless ``root`` (the root object's bytes, or
+        None where it is missing) is this store's."""
+        if root is None:
+            raise StoreReplacedError(
+                f"{self.url}: the store was removed while this job read it (its root "
+                "zarr.json is gone); restore it, or restart the job on the store now there"
+            )
+        data = bytes(root)
+        if data == self._seen:
+            return
+        try:
+            attrs = json.loads(data).get("attributes", {})
+            now = str(attrs.get("zstore", {}).get("store_id", ""))
+        except (ValueError, AttributeError):
+            now = ""
+        if now != self.store_id:
+            raise StoreReplacedError(
+                f"{self.url}: the store was replaced while this job read it (store id "
+                f"{self.store_id} when opened, {now or 'none, a conversion in progress'} "
+                "now; a conversion with --overwrite?); nothing of the new store was "
+                "used: restart the job to read it"
+            )
+        self._seen = data

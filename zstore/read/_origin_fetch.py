@@ -111,7 +111,10 @@ class OriginFetch:
 
     def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:
         merged, parts = coalesce(requests, COALESCE_BYTES)
-        check = self.check  # the store's root, read in the same round (see _replaced)
+        # The store's root, read in the same round (see _replaced); not beside shard
+        # indexes alone (suffixes): no value is read through an index but by a round
+        # of chunks, which checks it.
+        check = self.check if any(r[1] is None or r[1] >= 0 for r in merged) else None
         asked = merged + [check.request] if check is not None else merged
         try:
             datas: list[bytes | memoryview | None] = list(self.origin.read_many(asked))

@@ -5,11 +5,13 @@ A job that opened the old one keeps its manifest (its items, their lengths, its 
 indexes in the tiers) but would read the new store's objects: where a shard's index was
 fetched after the overwrite, its chunks decode without error, and the job trains on the
 new store's values under the old store's items, mixed with the old values its tiers
-hold.  So every round of origin reads also reads the store's root ``zarr.json`` (~1 KB;
-in the same concurrent round, not after it).  An overwrite rewrites the root before it
-writes any object, and a shard index is always followed by a round that reads its
-chunks, so no value of another store is returned or put in the tiers: the round raises
-:class:`StoreReplacedError` instead.  An append rewrites the root too, keeping the
+hold.  So every round of origin reads that reads values (chunks, or whole shard
+objects) also reads the store's root ``zarr.json`` (~1 KB; in the same concurrent
+round, not after it).  An overwrite rewrites the root before it writes any object, so
+no value of another store is returned or put in the tiers: the round raises
+:class:`StoreReplacedError` instead.  A round of shard indexes alone is not checked: an
+index of the new store decodes nothing by itself, and the chunks read through it come
+in a checked round (where its offsets hit the tiers, they hold the old store's bytes).  An append rewrites the root too, keeping the
 store id: the job goes on with the view it opened (appends rewrite no object)."""
 
 from __future__ import annotations

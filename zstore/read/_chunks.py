@@ -11,7 +11,7 @@ fetching itself (the tiers, then the origin) is :mod:`zstore.read._origin_fetch`
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from zstore.errors import IntegrityError, MissingDataError
 from zstore.format import EMPTY, ArrayLayout, decode_chunk, decode_index, fill_chunk
 from zstore.origin import Origin, Request, describe
 from zstore.read._builds import BehindBuilds
+from zstore.read._held_chunks import HeldChunks
 from zstore.read._origin_fetch import OriginFetch
 from zstore.read._replaced import StoreCheck
 from zstore.read._ssd_shards import Held, WholeShards
@@ -28,7 +29,7 @@ from zstore.read._whole_fetch import Pending, WholeFetch, finish
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
 
 
-class ChunkSource(OriginFetch):
+class ChunkSource(OriginFetch, HeldChunks):
     """Fetch and decode inner chunks of one store for one process.
 
     ``complete``: the store's converter wrote every chunk (the manifest says so), so a
@@ -218,58 +219,6 @@ class ChunkSource(OriginFetch):
             out[i] = (request, data)
         return out, later
 
-    def _held_chunk(
-        self, obj: str, n: int, whole: Held
-    ) -> tuple[Request, bytes | memoryview] | None:
-        """Chunk ``n`` of shard object ``obj``, at hand ``whole``, as :meth:`raw` gives
-        it; None when it was never written (the fill value; an error for a store that
-        must be complete)."""
-        span = whole.chunk(n)
-        if span is None and self.complete:
-            raise self._missing(obj, f"chunk {n} of shard")
-        if span is None:
-            return None
-        return (obj, *span), whole.payload[span[0] : span[1]]
-
-    def in_memory(
-        self, need: Iterable[tuple[ArrayLayout, int]]
-    ) -> dict[tuple[str, int], tuple[Request, bytes | memoryview]]:
-        """The chunks of ``need`` whose shard object is in this process's memory now
-        (fetched whole, its SSD write or a RAM fill of it still queued), by (array path,
-        chunk number).
-        ``need`` is not looked at when this source fetches no shard whole."""
-        out: dict[tuple[str, int], tuple[Request, bytes | memoryview]] = {}
-        if self.whole is None:
-            return out
-        objects: dict[str, Held | None] = {}  # one lookup per shard object
-        for layout, k in need:
-            obj = layout.object_key(k // layout.chunks_per_shard)
-            if obj not in objects:
-                objects[obj] = self.whole.in_memory(obj)
-            whole = objects[obj]
-            if whole is not None:
-                got = self._held_chunk(obj, k % layout.chunks_per_shard, whole)
-                if got is not None:
-                    out[(layout.path, k)] = got
-        return out
-
-    def keep_in_memory(self, objs: Iterable[str]) -> list[str]:
-        """Keep those shard objects of ``objs`` this process holds in memory (see
-        :meth:`in_memory`) there, for this process's reads too, until
-        :meth:`let_go`; the ones kept."""
-        return self.whole.keep(objs) if self.whole is not None else []
-
-    def let_go(self, objs: list[str]) -> None:
-        """Undo :meth:`keep_in_memory`."""
-        if self.whole is not None and objs:
-            self.whole.let_go(objs)
-
-    def keep_whole(self, layout: ArrayLayout) -> None:
-        """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
-        one at a time; shards it holds already are left alone."""
-        if self.whole_fetch is not None:
-            self.whole_fetch.keep(layout)
-
     def decode(
         self,
         layout: ArrayLayout,
@@ -285,8 +234,11 @@ class ChunkSource(OriginFetch):
         where = f"{self.url}: {describe(*request)}"
         try:
             return decode_chunk(layout, data, where, out)
-        except IntegrityError:
-            return decode_chunk(layout, self.origin.read(*request), where, out)
+        except IntegrityError:  # once more, past the tiers (the root checked beside it)
+            again = self._read([request])[0]
+            if again is None:
+                raise self._missing(request[0], "chunk") from None
+            return decode_chunk(layout, again, where, out)
 
 
 def chunk_array(key: str) -> str:

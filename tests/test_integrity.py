@@ -319,3 +319,36 @@ def test_an_append_under_a_running_job_is_not_a_replacement(tmp_path):
     again = [ds[i]["wav"].numpy() for i in range(0, len(ds), 2)]  # the root was rewritten
     assert all(np.array_equal(x, y) for x, y in zip(first, again))
     assert len(ds) == 16  # the view it opened
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_labels_of_a_store_overwritten_under_a_running_job_are_never_the_new_ones(
+    tmp_path, pack_seconds
+):
+    # a scalar label is read past the chunk rounds: through zarr for an item's own group,
+    # from its batch's record for a packed item (40 items of 8 s: two records)
+    import h5py
+    import numpy as np
+
+    paths = []
+    for name, base in (("a.h5", 0), ("b.h5", 100)):
+        with h5py.File(tmp_path / name, "w") as f:
+            for i in range(40):
+                f[f"u{i:02d}/wav"] = np.zeros((1, 16000 * 8), np.float32)
+                f[f"u{i:02d}/label"] = np.int64(base + i)
+        paths.append(str(tmp_path / name))
+    store = tmp_path / "s.zarr"
+    kw = dict(rates={"wav": 16000}, progress=False, pack_seconds=pack_seconds)
+    zstore.convert(paths[0], store, **kw)
+    ds = zstore.WindowDataset(store, window_seconds=None, fields=["label"], cache=False)
+    assert int(ds[0]["label"]) == 0
+    zstore.convert(paths[1], store, overwrite=True, **kw)
+    refused = 0
+    for i in range(len(ds)):
+        try:
+            label = int(ds[i]["label"])
+        except zstore.StoreReplacedError:
+            refused += 1
+            continue
+        assert label < 100, f"item {i} got the new store's label {label}"
+    assert refused > 0

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from zstore.format import Manifest
     from zstore.format.manifest import ArrayMetas
     from zstore.origin import Origin
+    from zstore.read._chunks import ChunkSource
     from zstore.read._records import BatchRecords
 
 MAX_LAYOUTS = 8192  # item geometries a process keeps (each rebuilt from the manifest in ~50 us)
@@ -40,6 +41,7 @@ class ItemPlaces:
         _metas: ArrayMetas
         _layouts: dict[tuple[str, str], ArrayLayout]
         records: BatchRecords
+        source: ChunkSource
 
         def open(self) -> Self: ...
 
@@ -116,10 +118,28 @@ class ItemPlaces:
 
     def _stored_bytes(self, key: str) -> Any:
         """The bytes of object ``key`` of the store, through the tiers where there are
-        any (FileNotFoundError when the store has none)."""
-        if self.tiers is not None:
-            return self.tiers.get(key, lambda: self.origin.read(key))
-        return self.origin.read(key)
+        any (FileNotFoundError when the store has none); read from the origin, they are
+        checked to be the opened store's (a batch record holds values)."""
+
+        def fetch() -> bytes:
+            data = self.origin.read(key)
+            self.check_root()
+            return data
+
+        return self.tiers.get(key, fetch) if self.tiers is not None else fetch()
+
+    def check_root(self) -> None:
+        """Raise :class:`zstore.errors.StoreReplacedError` unless the store at the URL is
+        still the one opened: after values were read past the chunk rounds (which check
+        it beside them; :mod:`zstore.read._replaced`), so they are the opened store's."""
+        check = self.source.check
+        if check is None:
+            return
+        try:
+            root = self.origin.read(check.request[0])
+        except FileNotFoundError:
+            root = None
+        check.verify(root)
 
     def placed(
         self, item: str, name: str, position: int | None = None

@@ -235,6 +235,7 @@ class WindowReader(ReaderSetup):
         arr = self._group[layout.path]
         if span is None:
             value = np.asarray(arr[...])
+            self.check_root()  # values read past the checked chunk rounds
             if small:
                 if len(self._small) >= MAX_SMALL:
                     self._small.clear()
@@ -243,6 +244,7 @@ class WindowReader(ReaderSetup):
         index = [slice(None)] * len(layout.shape)
         index[layout.time_axis] = slice(span.start, span.stop)
         data = np.asarray(arr[tuple(index)])
+        self.check_root()
         if span.pad:
             widths = [(0, 0)] * data.ndim
             widths[layout.time_axis] = (0, span.pad)

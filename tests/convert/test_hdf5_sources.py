@@ -547,9 +547,19 @@ def frames_first(path: Path, lengths: list[int]) -> str:
     return write_h5(path, items)
 
 
-def test_complex_and_bool_time_arrays_read_exact_through_the_tiers(tmp_path, cache):
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_complex_and_bool_time_arrays_read_exact_through_the_tiers(tmp_path, cache, pack_seconds):
     src = frames_first(tmp_path / "a.h5", [16000 * s for s in (3, 4, 5, 6)])
-    zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, time_axis={"spec": 0})
+    report = zstore.convert(
+        src,
+        tmp_path / "a.zarr",
+        rates={"wav": 16000},
+        time_axis={"spec": 0},
+        pack_seconds=pack_seconds,
+        verify=True,
+        progress=False,
+    )
+    assert report.packed == (4 if pack_seconds else 0)  # complex values packed too
     rates, axes = {"wav": 16000, "act": 100, "spec": 100}, {"wav": 1, "act": 1, "spec": 0}
     with h5py.File(src) as f:
         for tiers in (None, cache, cache):  # the second finds the metadata in the tiers

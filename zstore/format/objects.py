@@ -39,7 +39,7 @@ _LE = {"endian": "little"}
 
 def handles(codec: str, dtype: np.dtype, shape: tuple[int, ...]) -> bool:
     """Whether :func:`encode_array` writes this array (else: zarr's API)."""
-    return codec in CODEC_CONFIG and dtype.kind in "biuf" and len(shape) > 0
+    return codec in CODEC_CONFIG and dtype.kind in "biufc" and len(shape) > 0
 
 
 def data_type(dtype: np.dtype) -> str:
@@ -87,7 +87,15 @@ def array_meta(
         ]
     else:
         codecs = inner
-    fill: Any = False if dtype.kind == "b" else (0.0 if dtype.kind == "f" else 0)
+    fill: Any = (
+        False
+        if dtype.kind == "b"
+        else 0.0
+        if dtype.kind == "f"
+        else [0.0, 0.0]  # Zarr v3: a complex fill value is [real, imaginary]
+        if dtype.kind == "c"
+        else 0
+    )
     meta = {
         "shape": list(shape),
         "data_type": data_type(dtype),

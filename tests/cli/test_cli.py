@@ -37,6 +37,28 @@ def test_cache_warm_stats_clear(small_store, tmp_path):
     assert after["origin"]["requests"] == 0
 
 
+def test_cache_warm_names_fields_it_cannot_warm(tmp_path):
+    import h5py
+    import numpy as np
+
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        for i in range(3):
+            f[f"u{i}/wav"] = np.zeros((1, 16000 * (1 + i)), np.float32)
+            f[f"u{i}/label"] = np.int64(i)
+    zstore.convert(
+        str(tmp_path / "a.h5"), tmp_path / "a.zarr", rates={"wav": 16000}, progress=False
+    )
+    dirs = ["--ram-dir", str(tmp_path / "ram"), "--ram-bytes", "64MB", "--no-progress"]
+    store = str(tmp_path / "a.zarr")
+    whole = zstore_cli("cache", "warm", store, "--fields", "wav", "label", *dirs)
+    assert whole.returncode == 2 and "'label' is stored whole (no time axis)" in whole.stderr
+    assert "leave it out of --fields" in whole.stderr
+    unknown = zstore_cli("cache", "warm", store, "--fields", "lbl", *dirs)
+    assert unknown.returncode == 2 and "no array 'lbl' (arrays: wav, label)" in unknown.stderr
+    warm = zstore_cli("cache", "warm", store, "--fields", "wav", *dirs)
+    assert warm.returncode == 0 and "warmed 3 items" in warm.stdout
+
+
 def test_cache_stats_reads_the_environment(tmp_path):
     env = {**subprocess_env(), "ZSTORE_RAM_DIR": str(tmp_path / "r"), "ZSTORE_SSD_DIR": "none"}
     proc = subprocess.run(

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zstore.cache import CacheConfig
+from zstore.errors import ConfigError
 from zstore.format import Span, read_manifest
 from zstore.read import WindowReader
 
@@ -39,7 +40,7 @@ def warm(
     config = cache or CacheConfig()
     first = WindowReader(url, cache=config, storage_options=storage_options).open()
     manifest = first.manifest  # the item table comes from the node's copy after this
-    names = list(fields) if fields else manifest.time_arrays
+    names = _time_fields(url, manifest, fields)
     items = list(manifest.items)
     positions = {name: i for i, name in enumerate(items)}
     have: dict[str, set[int] | None] = {}
@@ -100,6 +101,22 @@ def node_share(
     return [item for item, node in zip(manifest.items, home) if node == node_rank]
 
 
+def _time_fields(url: str, manifest: Any, fields: Sequence[str] | None) -> list[str]:
+    """The arrays to warm: ``fields``, each a time array of the store (the tiers hold
+    their shards), or every time array."""
+    if not fields:
+        return list(manifest.time_arrays)
+    for name in fields:
+        if name not in manifest.arrays:
+            raise ConfigError(f"{url}: no array '{name}' (arrays: {', '.join(manifest.arrays)})")
+        if name not in manifest.time_arrays:
+            raise ConfigError(
+                f"{url}: '{name}' is stored whole (no time axis): the tiers hold shards of "
+                f"time arrays ({', '.join(manifest.time_arrays)}); leave it out of --fields"
+            )
+    return list(fields)
+
+
 def share_residency(
     url: str,
     *,
@@ -116,7 +133,7 @@ def share_residency(
     from zstore.format import parse_array_meta
 
     manifest, metas = read_manifest(url, storage_options)
-    names = list(fields) if fields else manifest.time_arrays
+    names = _time_fields(url, manifest, fields)
     items = node_share(manifest, names, nodes, node_rank, seed)
     tiers = TieredCache((cache or CacheConfig()).resolved(), manifest.store_id)
     db = tiers.ram._open() if tiers.ram is not None else None

@@ -180,6 +180,7 @@ def record_array(values: list[tuple[int, np.ndarray]]) -> dict[str, Any]:
     (the item's index in the record's ``items``, its value).  Readable without zstore:
     ``data`` is the base64 of the values' little-endian bytes, back to back in the order
     of ``items``, each of its ``shapes`` entry and of ``dtype``."""
+    values = sorted(values, key=lambda kv: kv[0])  # in the order of the record's items
     dtype = np.dtype(values[0][1].dtype).newbyteorder("<")
     parts = [np.array(v, dtype=dtype, order="C") for _, v in values]  # 0-d kept 0-d
     return {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -137,19 +137,17 @@ def packed_batch(
     if arrays is None:
         return None
     jobs = [job for f in fields for job in _jobs(f, arrays)]
-    if whole:
-        jobs.append(functools.partial(_record_values, reader, whole, positions, outs))
+    if whole:  # looked up now, under the reader's lock; copied with the rest
+        values = [{n: reader.records.array(int(p), n) for n in whole} for p in at]
+        jobs.append(functools.partial(_record_values, values, outs))
     return jobs
 
 
-def _record_values(
-    reader: WindowReader, names: list[str], positions: list[Any], outs: list[dict[str, np.ndarray]]
-) -> None:
-    """Copy the arrays ``names`` stored whole of the packed items at ``positions`` out
-    of their batch records into ``outs``."""
-    for position, out in zip(positions, outs):
-        for name in names:
-            out[name][...] = reader.records.array(position, name)
+def _record_values(values: list[dict[str, np.ndarray]], outs: list[dict[str, np.ndarray]]) -> None:
+    """Copy each window's arrays stored whole (from its batch record) into ``outs``."""
+    for got, out in zip(values, outs):
+        for name, value in got.items():
+            out[name][...] = value
 
 
 def _jobs(f: Field, arrays: dict[tuple[str, int], np.ndarray]) -> list[Callable[[], None]]:

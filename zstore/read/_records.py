@@ -10,6 +10,7 @@ its items, their attributes, and the arrays decoded, not the JSON."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,10 +46,12 @@ class BatchRecords:
     def __init__(self, url: str, manifest: Manifest, read: Callable[[str], Any]) -> None:
         self.url, self.manifest, self._read = url, manifest, read
         self._kept: OrderedDict[str, Record] = OrderedDict()
+        self._lock = threading.Lock()  # the reader's threads share it
 
     def attrs(self, position: int) -> dict[str, Any] | None:
         """A packed item's attributes (None: the item is not packed)."""
-        found = self._record(position)
+        with self._lock:
+            found = self._record(position)
         if found is None:
             return None
         record, item = found
@@ -56,6 +59,10 @@ class BatchRecords:
 
     def array(self, position: int, name: str) -> np.ndarray:
         """Array ``name`` of packed item ``position``, stored whole in its record."""
+        with self._lock:
+            return self._array(position, name)
+
+    def _array(self, position: int, name: str) -> np.ndarray:
         found = self._record(position)
         if found is None:
             raise StoreFormatError(f"{self.url}: item {position} is not packed")

@@ -799,3 +799,30 @@ def test_an_append_packs_labelled_items_after_the_others(tmp_path, cache):
         x = ds[i]
         for name in ("wav", "label", "emb"):
             np.testing.assert_array_equal(x[name].numpy(), both[x["item"]][name])
+
+
+@pytest.mark.parametrize("kept", [None, 1], ids=["all records kept", "one record kept"])
+def test_each_batch_record_is_read_once_per_process(tmp_path, monkeypatch, kept):
+    # a record parsed again for each window read its labels 35x slower than its audio
+    import zstore.read._records as records
+
+    items = {
+        f"u{i:02d}": {"wav": np.zeros((1, 16000 * 8), np.float32), "label": np.int64(i)}
+        for i in range(40)
+    }  # 320 s: two batches, two records
+    src = write_h5(tmp_path / "a.h5", items)
+    zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, progress=False)
+    loads: list[str] = []
+    load = records.BatchRecords._load
+    monkeypatch.setattr(
+        records.BatchRecords, "_load", lambda self, key: loads.append(key) or load(self, key)
+    )
+    if kept:
+        monkeypatch.setattr(records, "MAX_RECORDS", kept)
+    ds = zstore.WindowDataset(tmp_path / "a.zarr", window_seconds=1.0, fields=["wav", "label"])
+    for _ in range(2):
+        for i in range(len(ds)):
+            x = ds[i]
+            assert int(x["label"]) == int(x["item"][1:])
+    assert len(set(loads)) == 2
+    assert len(loads) == (2 if kept is None else 4)  # in item order: each evicted once

@@ -2,10 +2,14 @@
 each record (``zstore_packed/<g>/items.<b>.json``) holds its items' HDF5 attributes and
 their arrays stored whole (a scalar label, an embedding: :func:`zstore.format.record_array`).
 
-A record is read once per process while it is among the last :data:`MAX_RECORDS`
-used (through the node's tiers where there are any, so the ranks of a node fetch it
-from the origin once), and what a read needs from it is kept: the position of each of
-its items, their attributes, and the arrays decoded, not the JSON."""
+A record is read once per process (through the node's tiers where there are any, so the
+ranks of a node fetch it from the origin once) and only what windows need is kept: its
+items' positions in the store and its arrays decoded, stacked where their shapes agree
+(~20 bytes an item for a scalar label), not the JSON.  Every record of a store of
+millions of items fits: a record parsed again on each window cost ~0.7 ms, and a store
+with more records than a process kept read its labels 35x slower than its audio.  The
+attributes (read when a dataset selects its items with a callable, in item order) are
+kept for the last few records only."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,19 +28,27 @@ from zstore.format import decode_attrs, record_values
 if TYPE_CHECKING:
     from zstore.format import Manifest
 
-#: records a process keeps parsed (a record holds up to 4,096 items; a store of short
-#: utterances ~250 per record)
-MAX_RECORDS = 256
+#: records whose arrays a process keeps (a store of 1M items of ~1 s has ~4,000)
+MAX_RECORDS = 1 << 16
+#: records whose attributes a process keeps
+MAX_ATTRS = 64
 
 
 @dataclass
 class Record:
-    """What is kept of one batch record."""
+    """What is kept of one batch record: the store positions of its items in the
+    record's order (``slots`` maps a position to its index, where they are not in
+    increasing order), and per array stored whole, per item index, its row in the
+    array's values (-1: the item lacks it) and the values."""
 
-    slots: dict[str, int]  # item name -> its index in the record
-    entries: dict[str, Any]  # item name -> {"attrs": ...}
-    arrays: dict[str, Any]  # array name -> the record's entry (decoded on first use)
-    decoded: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    positions: np.ndarray
+    slots: dict[int, int] | None
+    arrays: dict[str, tuple[np.ndarray, np.ndarray | list[np.ndarray]]]
+
+    def slot(self, position: int) -> int:
+        if self.slots is not None:
+            return self.slots[position]
+        return int(np.searchsorted(self.positions, position))
 
 
 class BatchRecords:
@@ -46,68 +58,90 @@ class BatchRecords:
     def __init__(self, url: str, manifest: Manifest, read: Callable[[str], Any]) -> None:
         self.url, self.manifest, self._read = url, manifest, read
         self._kept: OrderedDict[str, Record] = OrderedDict()
+        self._attrs: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()  # the reader's threads share it
 
     def attrs(self, position: int) -> dict[str, Any] | None:
         """A packed item's attributes (None: the item is not packed)."""
-        with self._lock:
-            found = self._record(position)
-        if found is None:
+        key = self._key(position)
+        if key is None:
             return None
-        record, item = found
-        return decode_attrs(dict(record.entries.get(item, {}).get("attrs", {})))
+        with self._lock:
+            entries = self._attrs.get(key)
+            if entries is None:
+                entries = dict(self._load(key).get("entries", {}))
+                self._attrs[key] = entries
+                if len(self._attrs) > MAX_ATTRS:
+                    self._attrs.popitem(last=False)
+        entry = entries.get(self.manifest.items[position], {})
+        return decode_attrs(dict(entry.get("attrs", {})))
 
     def array(self, position: int, name: str) -> np.ndarray:
         """Array ``name`` of packed item ``position``, stored whole in its record."""
-        with self._lock:
-            return self._array(position, name)
-
-    def _array(self, position: int, name: str) -> np.ndarray:
-        found = self._record(position)
-        if found is None:
+        key = self._key(position)
+        if key is None:
             raise StoreFormatError(f"{self.url}: item {position} is not packed")
-        record, item = found
-        values = record.decoded.get(name)
-        if values is None:
-            entry = record.arrays.get(name)
-            try:
-                values = record_values(entry) if entry is not None else {}
-            except (KeyError, TypeError, ValueError) as e:
-                raise StoreFormatError(
-                    f"{self.url}: the batch record of item '{item}' holds a damaged "
-                    f"'{name}' ({e}); restore it or reconvert the store"
-                ) from None
-            record.decoded[name] = values
-        value = values.get(record.slots[item])
-        if value is None:
+        with self._lock:
+            record = self._kept.get(key)
+            if record is None:
+                record = self._kept[key] = self._record(key, position)
+                if len(self._kept) > MAX_RECORDS:
+                    self._kept.popitem(last=False)
+            else:
+                self._kept.move_to_end(key)
+        rows, values = record.arrays.get(name, (None, []))
+        row = -1 if rows is None else int(rows[record.slot(position)])
+        if row < 0:
             raise StoreFormatError(
-                f"{self.url}: item '{item}' has no array '{name}'; check the field names"
+                f"{self.url}: item '{self.manifest.items[position]}' has no array "
+                f"'{name}'; check the field names"
             )
-        return value
+        return values[row, ...] if isinstance(values, np.ndarray) else values[row]  # 0-d kept
 
-    def _record(self, position: int) -> tuple[Record, str] | None:
+    def _key(self, position: int) -> str | None:
         placement = self.manifest.placement
         if placement is None or placement.group[position] < 0:
             return None
         group = self.manifest.packs[int(placement.group[position])]
-        key = group.record_key(int(placement.batch[position]))
-        record = self._kept.get(key)
-        if record is None:
+        return group.record_key(int(placement.batch[position]))
+
+    def _load(self, key: str) -> dict[str, Any]:
+        try:
+            data = json.loads(bytes(self._read(key)))
+        except FileNotFoundError:
+            raise StoreFormatError(
+                f"{self.url}/{key} is missing; restore it or reconvert the store"
+            ) from None
+        if not isinstance(data, dict):
+            raise StoreFormatError(f"{self.url}/{key} is not a batch record; reconvert the store")
+        return data
+
+    def _record(self, key: str, position: int) -> Record:
+        """Record ``key`` (which holds item ``position``) read, and kept compact."""
+        data = self._load(key)
+        placement = self.manifest.placement
+        assert placement is not None
+        g, b = int(placement.group[position]), int(placement.batch[position])
+        positions = np.flatnonzero((placement.group == g) & (placement.batch == b))
+        names = [str(x) for x in data.get("items", [])]
+        slots = None
+        if [self.manifest.items[int(p)] for p in positions] != names:  # not in store order
+            where = {n: i for i, n in enumerate(self.manifest.items)}
+            slots = {where[n]: k for k, n in enumerate(names) if n in where}
+        arrays: dict[str, tuple[np.ndarray, np.ndarray | list[np.ndarray]]] = {}
+        for name, entry in dict(data.get("arrays", {})).items():
             try:
-                data = json.loads(bytes(self._read(key)))
-            except FileNotFoundError:
+                by_slot = record_values(entry)
+            except (KeyError, TypeError, ValueError) as e:
                 raise StoreFormatError(
-                    f"{self.url}/{key} is missing; restore it or reconvert the store"
+                    f"{self.url}/{key}: its '{name}' (stored whole) is damaged ({e}); "
+                    "restore it or reconvert the store"
                 ) from None
-            items = [str(x) for x in data.get("items", [])]
-            record = Record(
-                {name: k for k, name in enumerate(items)},
-                dict(data.get("entries", {})),
-                dict(data.get("arrays", {})),
-            )
-            self._kept[key] = record
-            if len(self._kept) > MAX_RECORDS:
-                self._kept.popitem(last=False)
-        else:
-            self._kept.move_to_end(key)
-        return record, self.manifest.items[position]
+            rows = np.full(len(names), -1, dtype=np.int32)
+            values = list(by_slot.values())
+            for row, k in enumerate(by_slot):
+                rows[k] = row
+            shapes = {v.shape for v in values}
+            stacked = np.stack(values) if len(shapes) == 1 and values else values
+            arrays[name] = (rows, stacked)
+        return Record(positions, slots, arrays)

@@ -158,10 +158,12 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             else "first item"
         )
         chunking = (
-            f", chunk {e['chunk']}, shard {e['shard_length']} along time" if "chunk" in e else ""
+            ", in the packed items' batch records"
+            if e.get("in_records")
+            else f", chunk {e['chunk']}, shard {e['shard_length']} along time"
+            if "chunk" in e
+            else ""
         )
-        if e.get("in_records"):
-            chunking = ", in the packed items' batch records"
         lines.append(f"  {name}: {rate}, {e.get('dtype', '?')}, {which} {shape}{chunking}{where}")
         if e["note"] and (e["inferred"] or not e["rate"]):
             lines.append(f"    {e['note']}")

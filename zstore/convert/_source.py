@@ -299,8 +299,7 @@ def _inferred(
                 rate,
                 axis,
                 inferred=True,
-                note=f"{'1/' if kind == 'div' else ''}{k} of the length of '{ref}' "
-                f"in {len(both)} items of {lengths} lengths",
+                note=f"{_ratio_text(found, ref)} in {len(both)} items of {lengths} lengths",
             )
     ref, info = next(iter(given.items()))  # the reason is told against the first rated array
     both = with_both[ref]
@@ -344,9 +343,14 @@ def _other_axis(
             continue
         found = _implied_ratio([it.shapes[n][other] for it in both], rs)
         if found:
-            kind, k = found
-            return other, f"{'1/' if kind == 'div' else ''}{k} of the length of '{ref}'"
+            return other, _ratio_text(found, ref)
     return None
+
+
+def _ratio_text(found: tuple[str, int], ref: str) -> str:
+    """A ratio :func:`_implied_ratio` found, as the report says it."""
+    kind, k = found
+    return f"{'1/' if kind == 'div' else ''}{k} of the length of '{ref}'"
 
 
 def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str) -> None:

@@ -82,17 +82,13 @@ class ItemPlaces:
     def item_attrs(self, position: int) -> dict[str, Any]:
         """The attributes of item ``position`` (its HDF5 group's), read from its group."""
         self.open()
-        packed = self._packed_record(position)
+        packed = self.records.attrs(position)  # a packed item's: its batch record's
         if packed is not None:
             return packed
         meta = self._metas.group(position)
         if meta is None:
             meta = self._stored_json(f"{self.manifest.items[position]}/zarr.json")
         return decode_attrs(dict(meta.get("attributes", {})))
-
-    def _packed_record(self, position: int) -> dict[str, Any] | None:
-        """A packed item's attributes, from its batch's record (None: not packed)."""
-        return self.records.attrs(position)
 
     def in_record(self, position: int | None, name: str) -> bool:
         """Whether array ``name`` of item ``position`` is kept in its batch's record:
@@ -132,14 +128,8 @@ class ItemPlaces:
         """Raise :class:`zstore.errors.StoreReplacedError` unless the store at the URL is
         still the one opened: after values were read past the chunk rounds (which check
         it beside them; :mod:`zstore.read._replaced`), so they are the opened store's."""
-        check = self.source.check
-        if check is None:
-            return
-        try:
-            root = self.origin.read(check.request[0])
-        except FileNotFoundError:
-            root = None
-        check.verify(root)
+        if self.source.check is not None:
+            self.source.check.now(self.origin)
 
     def placed(
         self, item: str, name: str, position: int | None = None

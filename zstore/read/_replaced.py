@@ -11,8 +11,11 @@ round, not after it).  An overwrite rewrites the root before it writes any objec
 no value of another store is returned or put in the tiers: the round raises
 :class:`StoreReplacedError` instead.  A round of shard indexes alone is not checked: an
 index of the new store decodes nothing by itself, and the chunks read through it come
-in a checked round (where its offsets hit the tiers, they hold the old store's bytes).  An append rewrites the root too, keeping the
-store id: the job goes on with the view it opened (appends rewrite no object)."""
+in a checked round (where its offsets hit the tiers, they hold the old store's bytes).
+Values read outside those rounds (a batch record, an array read through zarr) are
+checked right after with :meth:`StoreCheck.now`.  An append rewrites the root too,
+keeping the store id: the job goes on with the view it opened (appends rewrite no
+object)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import json
 from typing import Any
 
 from zstore.errors import StoreReplacedError
-from zstore.origin import Request
+from zstore.format import MANIFEST_ATTR
+from zstore.origin import Origin, Request
 
 ROOT = "zarr.json"
 
@@ -49,7 +53,7 @@ class StoreCheck:
             return
         try:
             attrs = json.loads(data).get("attributes", {})
-            now = str(attrs.get("zstore", {}).get("store_id", ""))
+            now = str(attrs.get(MANIFEST_ATTR, {}).get("store_id", ""))
         except (ValueError, AttributeError):
             now = ""
         if now != self.store_id:
@@ -60,3 +64,11 @@ class StoreCheck:
                 "used: restart the job to read it"
             )
         self._seen = data
+
+    def now(self, origin: Origin) -> None:
+        """Read the root from ``origin`` now and :meth:`verify` it."""
+        try:
+            root = origin.read(ROOT)
+        except FileNotFoundError:
+            root = None
+        self.verify(root)

@@ -14,6 +14,7 @@ import numpy as np
 from zstore.errors import ConfigError
 from zstore.format import scale
 from zstore.read import WindowReader
+from zstore.train._item_lists import some_names
 from zstore.train._window_draw import usable_items
 
 #: The largest window of one field that a dataset accepts (beyond it, every item would
@@ -214,11 +215,10 @@ class DatasetSetup:
             said = np.intersect1d(untimed, [manifest.position(i) for i in self._selected])
         self._untimed_said = True  # settled for this dataset, and the workers it reaches
         if len(said):
-            shown = ", ".join(repr(manifest.items[i]) for i in said[:5])
-            more = f" and {len(said) - 5} more" if len(said) > 5 else ""
+            shown = some_names([manifest.items[i] for i in said[:5]], len(said))
             warnings.warn(
                 f"{self.url}: {len(said)} of {n} item(s) have no time array, so no "
-                f"window can be cut from them: {shown}{more}; left out (read their arrays "
+                f"window can be cut from them: {shown}; left out (read their arrays "
                 "whole with fields=[...], window_seconds=None)",
                 stacklevel=4,
             )
@@ -240,16 +240,15 @@ class DatasetSetup:
         lacking = np.flatnonzero(~has_all)
         if not len(lacking) or self._lacking_said:
             return lacking
-        shown = ", ".join(repr(manifest.items[i]) for i in lacking[:5])
-        more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
+        shown = some_names([manifest.items[i] for i in lacking[:5]], len(lacking))
         what = f"{len(lacking)} of {len(manifest.items)} item(s) lack field(s) of {names}"
         if self.missing == "error":
             raise ConfigError(
-                f"{self.url}: {what}: {shown}{more}; pass missing='skip' to "
+                f"{self.url}: {what}: {shown}; pass missing='skip' to "
                 "leave them out, or choose fields every item has"
             )
         self._lacking_said = True
-        warnings.warn(f"{self.url}: {what}; left out (missing='skip'): {shown}{more}", stacklevel=4)
+        warnings.warn(f"{self.url}: {what}; left out (missing='skip'): {shown}", stacklevel=4)
         return lacking
 
     def _check_window_size(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,14 @@ ITEM_LIST_FORMS = (
     "a text file with one item name per line ('#' comments), a JSON list of names, or a "
     "pickled list or tuple of names"
 )
+
+
+def some_names(names: Sequence[str], count: int | None = None, at_most: int = 5) -> str:
+    """The first ``at_most`` of ``names`` quoted, and how many more of ``count`` (all
+    of ``names`` when None; a caller may pass only the first few), for a message."""
+    count = len(names) if count is None else count
+    shown = ", ".join(repr(n) for n in names[:at_most])
+    return shown + (f" and {count - at_most} more" if count > at_most else "")
 
 
 def read_item_list(path: str) -> list[str]:
@@ -78,11 +87,9 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
         names = [str(n) for n in items]
     unknown = [n for n in names if n not in known]
     if unknown:
-        shown = ", ".join(repr(n) for n in unknown[:5])
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise ConfigError(
             f"{url}: {len(unknown)} item(s) of the item list are not in the "
-            f"store: {shown}{more} (items are named like {known[0]!r}; "
+            f"store: {some_names(unknown)} (items are named like {known[0]!r}; "
             "see zstore info)"
         )
     if len(set(names)) != len(names):

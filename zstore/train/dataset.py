@@ -16,7 +16,7 @@ from zstore.errors import ConfigError
 from zstore.format import Span, scale
 from zstore.read import WindowReader
 from zstore.train._dataset_setup import DatasetSetup
-from zstore.train._item_lists import select_items
+from zstore.train._item_lists import select_items, some_names
 from zstore.train._window_draw import Window, window_for
 
 
@@ -124,11 +124,9 @@ class WindowDataset(DatasetSetup, torch.utils.data.Dataset):
             self._selected = select_items(self.reader.open(), items, self.url)
         self._setup()
         if len(self._empty):
-            names = ", ".join(repr(self._items[int(i)]) for i in self._empty[:5])
-            more = f" and {len(self._empty) - 5} more" if len(self._empty) > 5 else ""
             warnings.warn(
                 f"{self.url}: {len(self._empty)} item(s) hold no samples and are left out, "
-                f"not padded: {names}{more}",
+                f"not padded: {some_names([self._items[int(i)] for i in self._empty[:5]], len(self._empty))}",
                 stacklevel=2,
             )
         if len(self._short) and short != "error":

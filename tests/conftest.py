@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,6 +145,83 @@ def subprocess_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+STACK_DUMPS = Path(__file__).resolve().parent / "stack_dumps"  # its sitecustomize.py
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def run_or_dump(
+    cmd: list[str], env: dict[str, str], timeout: float, stacks: Path
+) -> subprocess.CompletedProcess:
+    """Run ``cmd`` like ``subprocess.run(..., capture_output=True, text=True)``; if it is
+    still running after ``timeout`` seconds, fail the test with every process's output
+    and the stacks of all their threads (written to ``stacks`` on SIGUSR1), then kill
+    them all: a hang then says where each process waited (pytest-timeout would kill
+    the test with the children's output lost)."""
+    import psutil
+
+    stacks.mkdir(parents=True, exist_ok=True)
+    env = dict(env)
+    env["ZSTORE_TEST_STACKS"] = str(stacks)
+    env["PYTHONPATH"] = str(STACK_DUMPS) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        pass
+    # every process of the run's session: the ones that outlived it too (an output pipe
+    # held open by one of them keeps communicate() waiting after the run has ended)
+    tree = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(p.pid) == proc.pid:
+                tree.append(p)
+    ended = proc.poll()  # None: the run itself is still going
+    names = {}
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names[p.pid] = " ".join(p.cmdline()[:6])
+            p.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 30  # each process writes its dump when signalled
+    waiting = {p.pid for p in tree}
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.2)  # a dump is written at once, in pieces: look once they are out
+        waiting = {
+            pid
+            for pid in waiting
+            if _alive(pid)
+            and not ((stacks / f"{pid}.txt").exists() and (stacks / f"{pid}.txt").stat().st_size)
+        }
+    for p in reversed(tree):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    out, err = proc.communicate()
+    dumps = "\n".join(
+        f"--- process {pid} ({name}):\n"
+        + ((stacks / f"{pid}.txt").read_text() if (stacks / f"{pid}.txt").exists() else "")
+        for pid, name in names.items()
+    )
+    pytest.fail(
+        f"{cmd[:6]} still running after {timeout:.0f} s (its exit status: {ended}; None:"
+        f" it had not ended, else a process it started held its output)\n"
+        f"stdout:\n{out}\nstderr:\n{err}\nstacks:\n{dumps}",
+        pytrace=False,
+    )
 
 
 class CountingApp:

@@ -8,7 +8,7 @@ import subprocess
 import zlib
 
 import pytest
-from conftest import PYTHON, REPO, free_port, subprocess_env
+from conftest import PYTHON, REPO, free_port, run_or_dump, subprocess_env
 
 import zstore
 
@@ -40,7 +40,8 @@ def run_example(store: str, tmp_path, *args: str) -> subprocess.CompletedProcess
         str(tmp_path / "record"),
         *args,
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    # well below pytest's timeout (a run takes ~15 s): a hang fails with every process's stacks
+    proc = run_or_dump(cmd, env, timeout=300, stacks=tmp_path / "stacks")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

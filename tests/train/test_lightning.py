@@ -7,7 +7,7 @@ import subprocess
 import textwrap
 
 import pytest
-from conftest import PYTHON, subprocess_env
+from conftest import PYTHON, run_or_dump, subprocess_env
 
 import zstore
 
@@ -60,12 +60,11 @@ def test_trainer_gets_new_windows_every_epoch(small_store, tmp_path, loader):
         ZSTORE_SSD_DIR="none",
         OMP_NUM_THREADS="1",
     )
-    proc = subprocess.run(
+    proc = run_or_dump(
         [PYTHON, str(script), small_store, str(tmp_path), loader],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        env,
+        timeout=300,
+        stacks=tmp_path / "stacks",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -135,12 +134,11 @@ def test_a_resumed_run_draws_the_windows_of_the_epoch_it_resumes_into(
 
     def fit(out, epochs, ckpt="-"):
         out.mkdir()
-        proc = subprocess.run(
+        proc = run_or_dump(
             [PYTHON, str(script), small_store, str(out), loader, str(epochs), str(ckpt)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
+            env,
+            timeout=300,
+            stacks=out / "stacks",
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return json.loads((out / "seen.json").read_text())

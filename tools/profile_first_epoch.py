@@ -62,7 +62,12 @@ def prepare(work: Path) -> str:
 
 
 def ram_dir() -> str:
-    return "/dev/shm/zstore-first-epoch" if os.path.isdir("/dev/shm") else "/tmp/zstore-fe"
+    """The RAM tier's directory: under ``--ram-dir`` (kept in the environment for the
+    spawned configurations), else /dev/shm."""
+    base = os.environ.get("ZSTORE_PROFILE_RAM_DIR") or (
+        "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    )
+    return os.path.join(base, "zstore-first-epoch")
 
 
 def ssd_dir() -> str:
@@ -262,10 +267,18 @@ def main() -> None:
     p.add_argument("--docs", default="docs")
     p.add_argument("--only", default="", help="only the sections whose name has this")
     p.add_argument(
+        "--ram-dir",
+        default="",
+        help="a directory on the tmpfs for the RAM tier (default /dev/shm), e.g. one "
+        "mounted with huge=within_size",
+    )
+    p.add_argument(
         "--perf-reps", type=int, default=3, help="epoch 0 under perf, per configuration (0: none)"
     )
     args = p.parse_args()
     sections = {k: v for k, v in SECTIONS.items() if args.only in k}
+    if args.ram_dir:
+        os.environ["ZSTORE_PROFILE_RAM_DIR"] = args.ram_dir
     store = prepare(Path(args.work))
     runs: dict[str, dict[str, list[list[tuple[float, float, float]]]]] = {
         sec: {label: [] for label, *_ in configs} for sec, configs in sections.items()

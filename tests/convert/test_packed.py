@@ -391,6 +391,22 @@ def test_packed_items_attributes_keep_nan_and_references(tmp_path):
     assert math.isnan(seen[first]["snr"]) and seen[first]["source"] == f"/{first}/wav"
 
 
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_items_attributes_are_the_sources_without_zstores_marks(tmp_path, pack_seconds):
+    items, attrs = short_items(4, seed=13)
+    src = write_items(tmp_path / "a.h5", items, attrs)
+    dst = tmp_path / "a.zarr"
+    zstore.convert(src, dst, rates=RATES, workers=1, progress=False, pack_seconds=pack_seconds)
+    seen = {}
+    zstore.WindowDataset(dst, window_seconds=None, items=lambda n, a: seen.setdefault(n, a) or True)
+    with h5py.File(src) as f:
+        for name, got in seen.items():
+            want = {
+                k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in f[name].attrs.items()
+            }
+            assert got == want, name  # no "zstore_complete" beside the item's own
+
+
 def test_verify_of_a_stated_precision_checks_packed_values_within_the_rounding(tmp_path):
     items, attrs = short_items(12, seed=12, float_audio=True)
     src = write_items(tmp_path / "f.h5", items, attrs)

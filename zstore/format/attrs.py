@@ -25,6 +25,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from zstore.format.layout import DONE_ATTR
+
 NONFINITE_ATTR = "zstore_nonfinite"
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -146,11 +148,12 @@ def _target(ref: Any, file: Any) -> str | None:
 
 def decode_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
     """Attributes as written by :func:`hdf5_attrs`, with NaN and infinities back as
-    floats (only under the names ``"zstore_nonfinite"`` lists)."""
+    floats (only under the names ``"zstore_nonfinite"`` lists), and without zstore's own
+    marks (that list, and the converter's mark of a finished item)."""
     names = attrs.get(NONFINITE_ATTR)
+    out = {k: v for k, v in attrs.items() if k not in (NONFINITE_ATTR, DONE_ATTR)}
     if not isinstance(names, list):
-        return dict(attrs)
-    out = {k: v for k, v in attrs.items() if k != NONFINITE_ATTR}
+        return out
     for name in names:
         if name in out:
             out[name] = _floats(out[name])

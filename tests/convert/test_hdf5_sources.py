@@ -612,6 +612,33 @@ def test_frames_first_features_are_named_with_the_time_axis_to_give(tmp_path):
     assert "--time-axis spec=0" in spec.note
 
 
+def test_one_item_off_the_ratio_is_named_where_a_rate_is_not_inferred(tmp_path):
+    # one group's act does not match its wav (a truncated or mislinked dataset): the
+    # rate is not inferred, and the report says which item breaks the ratio
+    src = frames_first(tmp_path / "a.h5", [16000 * s for s in (3, 4, 5, 6)])
+    with h5py.File(src, "a") as f:
+        del f["utt2/act"]
+        f["utt2/act"] = np.zeros((2, 1100), bool)  # 11 s of frames beside 5 s of samples
+    zstore.convert(src, tmp_path / "a.zarr", rates={"wav": 16000}, progress=False)
+    act = manifest_of(tmp_path / "a.zarr").arrays["act"]
+    assert act.rate is None
+    assert "1/160 of it in 3 of 4 items, not in 'utt2' (1100 against 80000)" in act.note
+    assert "give --rate act=100" in act.note
+    with pytest.raises(zstore.SourceError, match="group 'utt2': 'act' lasts 11.000 s"):
+        zstore.convert(src, tmp_path / "b.zarr", rates={"wav": 16000, "act": 100}, progress=False)
+
+
+def test_the_rate_example_names_the_audio_not_a_dimension_scale_as_long(tmp_path):
+    src = frames_first(tmp_path / "a.h5", [16000 * s for s in (3, 4)])
+    with h5py.File(src, "a") as f:
+        g = f["utt1"]
+        g["time"] = np.arange(g["wav"].shape[1]) / 16000  # as long as wav, one item only
+        g["time"].make_scale("time")
+        g["wav"].dims[1].attach_scale(g["time"])
+    with pytest.raises(zstore.SourceError, match=r"e\.g\. --rate wav=16000 \(arrays of 'utt1'"):
+        zstore.convert(src, tmp_path / "a.zarr", progress=False)
+
+
 def test_info_shows_arrays_written_through_zarr_and_skips_empty_first_items(tmp_path):
     src = frames_first(tmp_path / "a.h5", [16000 * s for s in (3, 4, 5)])
     with h5py.File(src, "a") as f:  # an empty recording first, as failed segments come

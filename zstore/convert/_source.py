@@ -15,6 +15,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from zstore.convert._rates import inferred
 from zstore.errors import SourceError
 from zstore.format import ArrayInfo
 from zstore.urls import is_url
@@ -114,36 +115,6 @@ def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
                     "convert those groups to a store of their own"
                 )
     return names
-
-
-#: the fewest values along time (in the longest item) that a rate is inferred from
-MIN_STEPS = 8
-
-
-def _implied_ratio(xs: list[int], rs: list[int]) -> tuple[str, int] | None:
-    """('div', k) when x == r / k in every item (rounded down or up: an item shorter than
-    one frame has none), ('mul', k) when x == r * k; only when the items show at least
-    two different lengths: a ratio seen in items of one length (or in one item) proves
-    nothing (a 10-value embedding in 3 s segments has a 'ratio' of 4,800 to 16 kHz
-    audio).  A divided length must reach :data:`MIN_STEPS` in the longest item: a
-    table of 1-2 rows per recording fits r / k, rounded, for some k in any few items.
-
-    Items where both are 0 (zero-length recordings) fit any ratio and are left out.
-    """
-    pairs = [(x, r) for x, r in zip(xs, rs) if x or r]
-    if len({r for _, r in pairs}) < 2:
-        return None
-    xs, rs = [p[0] for p in pairs], [p[1] for p in pairs]
-    x0, r0 = max(pairs)  # the longest: a short item's rounding would skew k
-    if x0 >= MIN_STEPS:
-        k = max(1, round(r0 / x0))
-        if all(r // k <= x <= -(-r // k) for x, r in zip(xs, rs)):
-            return ("div", k)
-    if all(r > 0 for r in rs) and xs[0] % rs[0] == 0:
-        k = xs[0] // rs[0]
-        if k >= 1 and all(x == r * k for x, r in zip(xs, rs)):
-            return ("mul", k)
-    return None
 
 
 def time_axes(
@@ -249,7 +220,7 @@ def plan(
         if n in static:
             arrays[n] = ArrayInfo(None, None, note=f"stored whole, as asked (--rate {n}=none)")
         else:
-            arrays[n] = _inferred(n, items, arrays, axes.get(n), ndims[n])
+            arrays[n] = inferred(n, items, arrays, axes.get(n), ndims[n])
     if not any(a.rate for a in arrays.values()):
         first = max(  # the example: the largest item, not an empty or truncated one
             items, key=lambda it: sum(math.prod(sh) for sh in it.shapes.values())
@@ -261,7 +232,15 @@ def plan(
             axis = axes.get(n)
             return first.shapes[n][axis] if first.shapes[n] and axis is not None else 0
 
-        longest = max(names, key=length)
+        # the longest; of those, the one most items have (wav, not one item's time scale)
+        longest = max(
+            names,
+            key=lambda n: (
+                length(n),
+                sum(n in it.shapes for it in items),
+                math.prod(first.shapes[n]),
+            ),
+        )
         raise SourceError(
             f"{path}: no --rate given, so no array has a time axis and no window could be "
             f"read; give the time arrays' rates in samples per second, e.g. "
@@ -274,83 +253,6 @@ def plan(
     dims = dimension_names(items, arrays)
     arrays = {n: dataclasses.replace(a, dims=dims.get(n)) for n, a in arrays.items()}
     return SourcePlan(items, arrays, skipped)
-
-
-def _inferred(
-    n: str, items: list[SourceItem], arrays: dict[str, ArrayInfo], axis: int | None, ndim: int
-) -> ArrayInfo:
-    """Array ``n``'s rate from its length ratio to a given rate, or why it has none."""
-    given = {r: info for r, info in arrays.items() if info.rate and not info.inferred}
-    if ndim == 0 or axis is None or not given:
-        return ArrayInfo(None, None, note="stored whole (no time axis)")
-    with_both = {ref: [it for it in items if n in it.shapes and ref in it.shapes] for ref in given}
-    for ref, info in given.items():
-        both = with_both[ref]
-        if not both:
-            continue
-        xs = [it.shapes[n][axis] for it in both]
-        rs = [it.shapes[ref][info.time_axis] for it in both]  # type: ignore[index]
-        found = _implied_ratio(xs, rs)
-        if found:
-            kind, k = found
-            rate = info.rate / k if kind == "div" else info.rate * k  # type: ignore[operator]
-            lengths = len({r for r in rs if r})
-            return ArrayInfo(
-                rate,
-                axis,
-                inferred=True,
-                note=f"{_ratio_text(found, ref)} in {len(both)} items of {lengths} lengths",
-            )
-    ref, info = next(iter(given.items()))  # the reason is told against the first rated array
-    both = with_both[ref]
-    seen = len({it.shapes[ref][info.time_axis] for it in both})  # type: ignore[index]
-    why = (
-        f"never in the same item as '{ref}'"
-        if not both
-        else f"in {len(both)} item(s) of {seen} length(s)"
-        if seen < 2
-        else f"not a whole-number ratio to '{ref}' in every item"
-    )
-    guess = ""
-    other = _other_axis(n, both, axis, ref, info) if both and seen >= 2 else None
-    if other is not None:
-        return ArrayInfo(
-            None,
-            None,
-            note=f"stored whole: no time axis proven along its axis {axis} ({why}); along "
-            f"axis {other[0]} it is {other[1]}: if that is its time axis, give "
-            f"--time-axis {n}={other[0]}",
-        )
-    if both and both[0].shapes[n][axis] and seen < 2:
-        ratio = both[0].shapes[ref][info.time_axis] / both[0].shapes[n][axis]  # type: ignore[index]
-        guess = f" ({info.rate / ratio:g} if it is)"  # type: ignore[operator]
-    return ArrayInfo(
-        None,
-        None,
-        note=f"stored whole: no time axis proven ({why}); if it is a "
-        f"time array, give --rate {n}=RATE{guess}",
-    )
-
-
-def _other_axis(
-    n: str, both: list[SourceItem], axis: int, ref: str, info: ArrayInfo
-) -> tuple[int, str] | None:
-    """Another axis of ``n`` whose length has a whole-number ratio to ``ref``'s time
-    axis in every item of ``both`` (features stored frames first), and that ratio."""
-    rs = [it.shapes[ref][info.time_axis] for it in both]  # type: ignore[index]
-    for other in range(len(both[0].shapes[n])):
-        if other == axis:
-            continue
-        found = _implied_ratio([it.shapes[n][other] for it in both], rs)
-        if found:
-            return other, _ratio_text(found, ref)
-    return None
-
-
-def _ratio_text(found: tuple[str, int], ref: str) -> str:
-    """A ratio :func:`_implied_ratio` found, as the report says it."""
-    kind, k = found
-    return f"{'1/' if kind == 'div' else ''}{k} of the length of '{ref}'"
 
 
 def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str) -> None:

@@ -795,3 +795,43 @@ def test_a_compound_field_named_as_another_dataset_is_left_out_and_said(tmp_path
     assert said and "'segments.end', the name of another dataset" in said[0]
     arrays = manifest_of(tmp_path / "d.zarr").arrays
     assert "segments.end" in arrays and "segments.start" not in arrays
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_nan_and_inf_values_are_stored_and_named(tmp_path, pack_seconds):
+    # processed float audio with a few NaN (a division by zero upstream) in two items
+    rng = np.random.default_rng(5)
+    items = {}
+    for i, seconds in enumerate((3, 4, 5, 6)):
+        wav = (rng.standard_normal((1, 16000 * seconds)) * 0.1).astype(np.float32)
+        if i in (1, 3):
+            wav[0, 100:103] = np.nan
+            wav[0, 500] = -np.inf
+        spec = np.ones((seconds * 100, 2), np.complex64)
+        if i == 2:
+            spec[7, 1] = complex(np.inf, 0)
+        items[f"utt{i}"] = {"wav": wav, "spec": spec}
+    src = write_h5(tmp_path / "a.h5", items)
+    with pytest.warns(UserWarning) as caught:
+        report = zstore.convert(
+            src,
+            tmp_path / "a.zarr",
+            rates={"wav": 16000},
+            time_axis={"spec": 0},
+            pack_seconds=pack_seconds,
+            progress=False,
+        )
+    said = [str(w.message) for w in caught]
+    assert any(
+        "'wav' holds 8 NaN or infinite value(s) in 2 item(s) ('utt1', 'utt3')" in m for m in said
+    ), said
+    assert any("'spec' holds 1 NaN or infinite value(s) in 1 item(s) ('utt2')" in m for m in said)
+    assert "8 NaN or infinite value(s) in 2 item(s)" in report.values["wav"]
+    ds = zstore.WindowDataset(
+        tmp_path / "a.zarr", window_seconds=None, fields=["wav", "spec"], cache=False
+    )
+    for i in range(len(ds)):
+        x = ds[i]
+        want = items[x["item"]]
+        np.testing.assert_array_equal(x["wav"].numpy(), want["wav"])  # NaN where they were
+        np.testing.assert_array_equal(x["spec"].numpy(), want["spec"])

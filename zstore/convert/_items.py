@@ -119,7 +119,9 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                 by_zarr.append(name)
                 continue
             counts = tally.array(name)
-            data = prepared(job.arrays[name], read_array(src_group, item, name, ds), counts)
+            data = prepared(
+                job.arrays[name], read_array(src_group, item, name, ds), counts, item.name
+            )
             axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
             meta = dumps(
@@ -194,7 +196,9 @@ def _write_by_zarr(
     group = root.require_group(item.name)
     for name in names:
         ds = source_dataset(src_group, item.fields, name)
-        data = prepared(job.arrays[name], read_array(src_group, item, name), tally.array(name))
+        data = prepared(
+            job.arrays[name], read_array(src_group, item, name), tally.array(name), item.name
+        )
         chunks, shards = _geometry(
             tuple(ds.shape), job.arrays[name], job.chunk_seconds, ds.dtype.itemsize
         )

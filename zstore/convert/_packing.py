@@ -279,7 +279,7 @@ def encode_batch(
                 if verify:
                     value = stored_values(job.arrays[name], raw)
                 else:
-                    value = prepared(job.arrays[name], raw, tally.array(name))
+                    value = prepared(job.arrays[name], raw, tally.array(name), item.name)
                     tally.array(name).stored_bytes += value.nbytes
                 whole.setdefault(name, []).append((slot[item.name], value))
                 continue
@@ -289,6 +289,8 @@ def encode_batch(
             index[axis] = slice(lo, lo + raw.shape[axis])
             buffers[name][tuple(index)] = raw
             source_bytes[name] += raw.nbytes
+            if not verify:
+                tally.array(name).count_nonfinite(item.name, raw)
         if attrs:
             entries[item.name] = attrs
         tally.items += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,8 @@ class ArrayTally:
     kind: str | None = None  # float arrays only
     signal: float = 0.0
     noise: float = 0.0
+    nonfinite: int = 0  # NaN and infinite values
+    nonfinite_items: list[str] = field(default_factory=list)  # the items holding them
 
     def add(self, other: ArrayTally) -> None:
         self.source_bytes += other.source_bytes
@@ -45,6 +48,31 @@ class ArrayTally:
         self.kind = wider_kind(self.kind, other.kind)
         self.signal += other.signal
         self.noise += other.noise
+        self.nonfinite += other.nonfinite
+        self.nonfinite_items += other.nonfinite_items
+
+    def count_nonfinite(self, item: str, data: np.ndarray) -> None:
+        """Tally the NaN and infinite values of item ``item``'s array ``data`` (a float
+        or complex array; ~0.7 ms for 15 MB of float32)."""
+        if data.dtype.kind not in "fc" or not data.size:
+            return
+        finite = np.isfinite(data)
+        if not finite.all():
+            self.nonfinite += int(data.size - np.count_nonzero(finite))
+            self.nonfinite_items.append(item)
+
+    def nonfinite_text(self) -> str | None:
+        """What the report and the warning say of the NaN and infinite values."""
+        if not self.nonfinite:
+            return None
+        names = sorted(set(self.nonfinite_items))
+        shown = ", ".join(f"'{n}'" for n in names[:3]) + (
+            f" and {len(names) - 3} more" if len(names) > 3 else ""
+        )
+        return (
+            f"{self.nonfinite} NaN or infinite value(s) in {len(names)} item(s) ({shown}), "
+            "stored as they are: a window over them gives training NaN or inf"
+        )
 
 
 @dataclass
@@ -73,9 +101,14 @@ def stored_values(info: ArrayInfo, data: np.ndarray) -> np.ndarray:
     return data if bits is None else round_mantissa(data, bits)
 
 
-def prepared(info: ArrayInfo, data: np.ndarray, tally: ArrayTally) -> np.ndarray:
-    """:func:`stored_values`, with what the values are and what rounding cost tallied."""
+def prepared(
+    info: ArrayInfo, data: np.ndarray, tally: ArrayTally, item: str | None = None
+) -> np.ndarray:
+    """:func:`stored_values`, with what the values are and what rounding cost tallied
+    (and, given the ``item`` they are all of, their NaN and infinite values)."""
     tally.source_bytes += data.nbytes
+    if item is not None:
+        tally.count_nonfinite(item, data)
     if data.dtype.kind != "f":
         return data
     # Once one item is true float, the array is; an item of zeros says nothing (short
@@ -221,7 +254,10 @@ def value_lines(
     lines = {}
     for name, t in tally.arrays.items():
         info = arrays.get(name)
+        nonfinite = t.nonfinite_text()
         if info is None or t.kind is None:
+            if info is not None and nonfinite:  # complex values
+                lines[name] = nonfinite
             continue
         estimates: list[tuple[int, float, float]] = []
         if t.kind == "float" and info.precision is None and t.source_bytes >= SUGGEST_BYTES:
@@ -230,6 +266,16 @@ def value_lines(
                 data = sample(first, name, info.time_axis)
                 estimates = estimate(data, info, chunk_seconds, codec)
         line = describe(name, info, t, estimates)
-        if line:
-            lines[name] = line
+        found = [x for x in (line, nonfinite) if x]
+        if found:
+            lines[name] = "\n    ".join(found)
     return lines
+
+
+def warn_nonfinite(where: str, tally: Tally, stacklevel: int) -> None:
+    """One warning per array written with NaN or infinite values (the report says it too):
+    the converter stores them as they are, and training would read them."""
+    for name, t in tally.arrays.items():
+        text = t.nonfinite_text()
+        if text:
+            warnings.warn(f"{where}: '{name}' holds {text}", stacklevel=stacklevel + 1)

@@ -27,7 +27,7 @@ from zstore.convert._skipped import extend
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
-from zstore.convert._values import value_lines, with_tally
+from zstore.convert._values import value_lines, warn_nonfinite, with_tally
 from zstore.convert.pipeline import ConvertReport, check_options, plain, with_dtypes
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
@@ -145,6 +145,7 @@ def append(
             manifest, metas, source, [identities[f] for f in files], nbytes, packs
         )
         publish(dst, storage_options, new.header(), table)
+    warn_nonfinite(job.src, tally, stacklevel=2)
     total = sum(it.nbytes for it in source.items)
     return ConvertReport(
         items=len(new.items),

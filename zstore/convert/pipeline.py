@@ -25,7 +25,7 @@ from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, plan
 from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._tasks import cluster_client, local_pool
-from zstore.convert._values import value_lines, with_precision, with_tally
+from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
 from zstore.errors import DestinationError, SourceError
 from zstore.format import (
     MANIFEST_ATTR,
@@ -424,6 +424,7 @@ def _convert(
     report.verified, report.store_id = verify, manifest.store_id
     report.sources, report.arrays = files, arrays
     report.values = value_lines(arrays, tally, source.items, job.chunk_seconds, job.codec)
+    warn_nonfinite(job.src, tally, stacklevel=3)
     return report
 
 

@@ -8,6 +8,7 @@ import importlib
 import subprocess
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from conftest import (
@@ -244,3 +245,52 @@ def test_every_append_names_its_items_as_the_conversion_did(tmp_path):
     ]
     for name in manifest_of(two).items:  # each reads back as its source wrote it
         assert whole(two, name).shape[1] in (16000, 24000)
+
+
+def _changed_while_written(monkeypatch, module_name: str, path: Path) -> None:
+    """Change ``path`` in place (HDF5 writes values at the same offsets, as a job with
+    HDF5_USE_FILE_LOCKING=FALSE can) once the items are written, before they are
+    published: what a writer racing the conversion does."""
+    module = importlib.import_module(module_name)
+    original = module.write_all
+
+    def write_all(*args, **kwargs):
+        out = original(*args, **kwargs)
+        with h5py.File(path, "r+") as f:
+            f["rec0/wav"][...] = 0
+        return out
+
+    monkeypatch.setattr(module, "write_all", write_all)
+
+
+def test_a_source_changed_while_converted_is_not_published(tmp_path, monkeypatch):
+    src = Path(write_h5(tmp_path / "a.h5", speech(3, [2.0, 3.0])))
+    dst = tmp_path / "a.zarr"
+    _changed_while_written(monkeypatch, "zstore.convert.pipeline", src)
+    with pytest.raises(zstore.SourceError, match="a.h5: the file changed while its items"):
+        zstore.convert(src, dst, rates=RATE, workers=1, progress=False)
+    monkeypatch.undo()
+    with pytest.raises(zstore.ZstoreError, match="has no zstore manifest"):  # unpublished
+        zstore.WindowDataset(dst, window_seconds=1.0, cache=False)
+    proc = cli("convert", str(src), str(dst), "--rate", "wav=16000", "--no-progress")
+    assert_one_line_error(proc, "changed since", "--overwrite")
+    zstore.convert(src, dst, rates=RATE, workers=1, progress=False, overwrite=True)
+    with h5py.File(src) as f:
+        for name in ("rec0", "rec1"):
+            assert np.array_equal(whole(dst, name), f[name]["wav"][()])
+
+
+def test_a_source_changed_while_appended_is_not_published(tmp_path, monkeypatch):
+    dst = base_store(tmp_path)
+    before = manifest_of(dst).items
+    new = Path(write_h5(tmp_path / "new.h5", speech(2, [1.0, 1.5])))
+    _changed_while_written(monkeypatch, "zstore.convert.append", new)
+    with pytest.raises(zstore.SourceError, match="new.h5: the file changed.*append it again"):
+        zstore.append(new, dst, workers=1, progress=False)
+    monkeypatch.undo()
+    assert manifest_of(dst).items == before  # readers still see the store as it was
+    report = zstore.append(new, dst, workers=1, progress=False)
+    assert report.converted == 2
+    with h5py.File(new) as f:
+        for name in ("rec0", "rec1"):
+            assert np.array_equal(whole(dst, name), f[name]["wav"][()])

@@ -63,6 +63,31 @@ def identity_of(fd: int) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
+def check_unchanged(items: list[SourceItem], again: str) -> None:
+    """Raise :class:`SourceError` naming the first source file of ``items`` that is no
+    longer the file scanned (size, modification time or inode): written to while its
+    items were read (HDF5's file locking is often off on cluster file systems), the
+    store would hold some items from before the change and some from after.  ``again``
+    says how to rerun."""
+    scanned: dict[str, tuple[int, int, int]] = {}
+    for it in items:
+        if it.identity is not None:
+            scanned.setdefault(it.source, it.identity)
+    for path, was in scanned.items():
+        try:
+            st = os.stat(path)
+            now: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            now = None
+        if now != was:
+            raise SourceError(
+                f"{path}: the file changed while its items were converted (its size, "
+                "modification time or inode); the items read from it may mix values from "
+                f"before and after the change, so the store is not finished: {again} once "
+                "nothing writes the file"
+            )
+
+
 def open_source(src: str | os.PathLike[str]) -> h5py.File:
     """Open the HDF5 file read-only, turning every failure into one clear error."""
     path = os.fspath(src)

@@ -24,7 +24,7 @@ from zstore.convert._corpus import expand_sources, file_identity, identity_mark,
 from zstore.convert._items import Job
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
 from zstore.convert._skipped import extend
-from zstore.convert._source import SourcePlan, plan
+from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
 from zstore.convert._values import value_lines, warn_nonfinite, with_tally
@@ -144,6 +144,7 @@ def append(
         new, table = _extended(
             manifest, metas, source, [identities[f] for f in files], nbytes, packs
         )
+        check_unchanged(source.items, "append it again")
         publish(dst, storage_options, new.header(), table)
     warn_nonfinite(job.src, tally, stacklevel=2)
     total = sum(it.nbytes for it in source.items)

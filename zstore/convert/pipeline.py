@@ -22,7 +22,7 @@ from zstore.convert._corpus import fingerprint as corpus_fingerprint
 from zstore.convert._items import Job, compressors
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
 from zstore.convert._skipped import MAX_WARNINGS
-from zstore.convert._source import SourcePlan, plan
+from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
@@ -418,6 +418,7 @@ def _convert(
     manifest, table = _manifest(source, arrays, job, fingerprint, nbytes, packs)
     if verify:
         verify_store(job, own, packs, workers, progress, client, pool)
+    check_unchanged(source.items, "convert it again with --overwrite")
     publish(dst, storage_options, manifest.header(), table)
     report = _report(source, dst, storage_options, t0, len(todo), total_src, nbytes)
     report.packed = packs.items

@@ -294,3 +294,23 @@ def test_a_source_changed_while_appended_is_not_published(tmp_path, monkeypatch)
     with h5py.File(new) as f:
         for name in ("rec0", "rec1"):
             assert np.array_equal(whole(dst, name), f[name]["wav"][()])
+
+
+def test_an_appends_ratio_is_of_what_it_added(tmp_path):
+    dst = base_store(tmp_path)  # 5 s of audio
+    before = manifest_of(dst).extra["store_bytes"]
+    new = write_h5(tmp_path / "new.h5", speech(4, [4.0, 6.0]))
+    report = zstore.append(new, dst, workers=1, progress=False)
+    assert report.added_bytes == report.store_bytes - before > 0
+    assert report.ratio == report.added_bytes / report.source_bytes < 1  # int16-valued
+    assert f"of it added ({report.ratio:.2f}x)" in str(report)
+
+
+def test_a_few_scalar_labels_get_no_ratio(tmp_path):
+    items = speech(4, [4.0, 6.0])
+    for i, name in enumerate(items):
+        items[name]["gain"] = np.float32(0.25 + i)  # a float label per item: 8 bytes
+    report = zstore.convert(
+        write_h5(tmp_path / "a.h5", items), tmp_path / "a.zarr", rates=RATE, progress=False
+    )
+    assert report.values["gain"] == "true float32 values, stored lossless"

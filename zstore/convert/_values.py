@@ -144,6 +144,9 @@ def with_tally(arrays: dict[str, ArrayInfo], tally: Tally) -> dict[str, ArrayInf
 SUGGESTED_BITS = (16, 12)
 #: values of a sample to estimate on (~4 MB of float32)
 SAMPLE_VALUES = 1 << 20
+#: the report gives the stored/source ratio of arrays of at least this many source
+#: bytes (a scalar float label per item: its zarr.json alone is ~20x its 4 bytes)
+RATIO_BYTES = 1 << 16
 #: a precision is suggested for arrays of at least this many source bytes (a corpus's
 #: embeddings of a few values each gain nothing worth a lossy store)
 SUGGEST_BYTES = 1 << 20
@@ -193,6 +196,8 @@ def describe(
     }[tally.kind]
     if info.precision is not None:
         return f"{what}, kept to {info.precision.summary()}: {ratio:.2f}x of the source"
+    if tally.source_bytes < RATIO_BYTES:  # a few labels: their metadata outweighs them
+        return f"{what}, stored lossless"
     line = f"{what}, stored lossless at {ratio:.2f}x of the source"
     useful = [(bits, r, snr) for bits, r, snr in estimates if math.isfinite(snr) and r < ratio]
     if useful:

@@ -154,6 +154,7 @@ def append(
         already_done=len(new.items) - len(todo),
         source_bytes=total,
         store_bytes=int(new.extra.get("store_bytes", 0)),
+        added_bytes=nbytes - before if before >= 0 else None,
         seconds=time.perf_counter() - t0,
         arrays=new.arrays,
         skipped=source.skipped,

@@ -155,10 +155,14 @@ class ConvertReport:
     values: dict[str, str] = field(default_factory=dict)
     #: items stored packed (spans of shared arrays; see ``pack_seconds``)
     packed: int = 0
+    #: an append's: the bytes it added to the store (None: a conversion, or not known)
+    added_bytes: int | None = None
 
     @property
     def ratio(self) -> float:
-        return self.store_bytes / self.source_bytes if self.source_bytes else 0.0
+        """Stored bytes per source byte: of the whole store, or of what an append added."""
+        stored = self.store_bytes if self.added_bytes is None else self.added_bytes
+        return stored / self.source_bytes if self.source_bytes else 0.0
 
     def __str__(self) -> str:
         lines = [
@@ -170,8 +174,13 @@ class ConvertReport:
             ),
             f"items: {self.items} ({self.converted} converted, {self.already_done} already done)"
             + (f"; {self.packed} packed into shared arrays" if self.packed else ""),
-            f"source: {format_size(self.source_bytes)}, store: "
-            f"{format_size(self.store_bytes)} ({self.ratio:.2f}x), {self.seconds:.1f} s",
+            f"source: {format_size(self.source_bytes)}, store: {format_size(self.store_bytes)}"
+            + (
+                f" ({self.ratio:.2f}x)"
+                if self.added_bytes is None
+                else f", {format_size(self.added_bytes)} of it added ({self.ratio:.2f}x)"
+            )
+            + f", {self.seconds:.1f} s",
         ]
         for name, a in self.arrays.items():
             if a.rate:

@@ -127,6 +127,8 @@ def kill_when(proc, ready) -> None:
                 proc.wait(timeout=0.02)
             except subprocess.TimeoutExpired:
                 pass
+        if proc.poll() is not None:  # it ended on its own: the test cannot kill it midway
+            pytest.fail(f"{proc.args[:4]} ended (exit {proc.returncode}) before it was killed")
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=120)

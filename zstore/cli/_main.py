@@ -131,6 +131,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 chunk_seconds=args.chunk_seconds,
                 precision=_pairs(args.precision, "--precision", example="wav=100dB") or None,
                 pack_seconds=args.pack_seconds,
+                dataset_items=args.dataset_items,
             )
         )
         return 0
@@ -149,6 +150,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         precision=_pairs(args.precision, "--precision", example="wav=100dB"),
         pack_seconds=PACK_SECONDS if args.pack_seconds is None else args.pack_seconds,
+        dataset_items=args.dataset_items,
     )
     print(report)
     return 0
@@ -381,6 +383,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"pack items whose every array is a time array of at most this many seconds "
         f"into shared arrays (default {PACK_SECONDS:g}; 0: every item keeps its own group): "
         "a few objects per hundred short items instead of five per item",
+    )
+    p.add_argument(
+        "--dataset-items",
+        default=None,
+        metavar="NAME",
+        help="for a file of one dataset per recording (/utt0, /audio/utt1, ...) rather "
+        "than one group: every numeric dataset is an item, named by its path, holding "
+        "one array NAME (e.g. wav)",
     )
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
     p.add_argument(

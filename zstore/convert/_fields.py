@@ -53,8 +53,16 @@ class FieldView:
         return np.asarray(self.ds.fields(self.field)[key], dtype=self.dtype)
 
 
+#: in an item's ``fields``: the array is the item's HDF5 object itself, a dataset (an
+#: item of a file of one dataset per recording, ``dataset_items``)
+ITSELF = ("", "")
+
+
 def source_dataset(group: Any, fields: dict[str, tuple[str, str]], name: str) -> Any:
     """Array ``name`` of an HDF5 ``group``: its dataset, or a :class:`FieldView` where
-    ``fields`` (the item's) says it is a compound dataset's field."""
+    ``fields`` (the item's) says it is a compound dataset's field; the item's object
+    itself where they say :data:`ITSELF`."""
     where = fields.get(name)
+    if where == ITSELF:
+        return group
     return group[name] if where is None else FieldView(group[where[0]], where[1])

@@ -18,11 +18,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from zstore.convert._fields import source_dataset
+from zstore.convert._fields import ITSELF, source_dataset
 from zstore.convert._items import source_files
 from zstore.convert._source import SourceItem, identity_of
 from zstore.errors import SourceError
-from zstore.format import hdf5_attrs_at, hdf5_attrs_of
+from zstore.format import hdf5_attrs, hdf5_attrs_at, hdf5_attrs_of
 
 
 def read_items(
@@ -108,9 +108,12 @@ def _read_item(
                 attrs.setdefault("arrays", {})[name] = own
         where = item.group
         if counts is None:
-            if gid is None:
-                gid = h5py.h5g.open(f.id, item.group.encode())
-            group_attrs = hdf5_attrs_of(gid, lambda: h5py.Group(gid))
+            if ITSELF in item.fields.values():  # the item is a dataset
+                group_attrs = hdf5_attrs(f[item.group])
+            else:
+                if gid is None:
+                    gid = h5py.h5g.open(f.id, item.group.encode())
+                group_attrs = hdf5_attrs_of(gid, lambda: h5py.Group(gid))
         elif "" in counts:
             group_attrs = hdf5_attrs_at(f.id, item.group, counts[""], lambda: f[item.group])
         else:

@@ -18,7 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from zstore.convert._fields import SEPARATOR, numeric_fields
+from zstore.convert._fields import ITSELF, SEPARATOR, numeric_fields
 from zstore.convert._source import NUMERIC_KINDS, SourceItem, identity_of, open_source
 from zstore.errors import SourceError
 from zstore.urls import is_url
@@ -39,17 +39,19 @@ SHARED_BYTES = 16 * 2**20
 SHARED_TASKS = 32
 
 
-def scan_all(files: list[str], pool: Any = None) -> tuple[list[SourceItem], list[str]]:
+def scan_all(
+    files: list[str], pool: Any = None, dataset_items: str | None = None
+) -> tuple[list[SourceItem], list[str]]:
     """The items of every file; with several, named ``<file stem>/<group path>``."""
     from zstore.convert._corpus import stems
 
     if len(files) == 1:
-        return scan(files[0], pool)
+        return scan(files[0], pool, dataset_items)
     prefix = stems(files)
     items: list[SourceItem] = []
     skipped: list[str] = []
     for f in files:
-        found, left = scan(f, pool)
+        found, left = scan(f, pool, dataset_items)
         for it in found:
             it.name = f"{prefix[f]}/{it.group}"
         items += found
@@ -59,10 +61,12 @@ def scan_all(files: list[str], pool: Any = None) -> tuple[list[SourceItem], list
 
 
 def scan(
-    src: str | os.PathLike[str], pool: cf.Executor | None = None
+    src: str | os.PathLike[str], pool: cf.Executor | None = None, dataset_items: str | None = None
 ) -> tuple[list[SourceItem], list[str]]:
     """List the items of ``src`` and what is left out, with why: non-numeric datasets,
     external and dangling links, and groups reached under a second name (aliases).
+    With ``dataset_items`` (an array name), every numeric dataset is an item of its own
+    holding one array of that name (a file of one dataset per recording).
 
     Uses h5py's low-level API: one visit of the file's links, then each object's header
     opened once (about 4x faster than the high-level ``visititems``, which builds a
@@ -91,6 +95,12 @@ def scan(
         f"{alias}: the same group as '{target}' (a link): converted once, as '{target}'"
         for alias, target in sorted(aliases.items())
     ]
+    if dataset_items is not None:
+        items, left = _dataset_items(found, dataset_items, path, identity, attrs)
+        skipped += left
+        if not items:
+            raise SourceError(f"{path}: holds no numeric datasets; nothing to convert")
+        return items, skipped
     groups: dict[str, list[tuple[str, tuple[int, ...], np.dtype]]] = {}
     split: dict[str, dict[str, tuple[str, str]]] = {}  # group -> its compound fields
     paths = {full for full, _, _ in found}
@@ -137,7 +147,16 @@ def scan(
             )
         )
     if not items:
-        raise SourceError(f"{path}: holds no groups with numeric datasets; nothing to convert")
+        at_root = sum(1 for full, _, d in found if "/" not in full and d.kind in NUMERIC_KINDS)
+        raise SourceError(
+            f"{path}: holds no groups with numeric datasets; nothing to convert"
+            + (
+                f" (its {at_root} numeric dataset(s) are at the file's root: for a file of "
+                "one dataset per recording give --dataset-items wav, naming the array)"
+                if at_root
+                else ""
+            )
+        )
     items.sort(key=lambda it: it.name)
     return items, skipped
 
@@ -328,3 +347,36 @@ def _contiguous(ds: Any, shape: tuple[int, ...], dtype: np.dtype) -> int | None:
         return int(offset)
     except (OSError, RuntimeError, ValueError, TypeError):
         return None
+
+
+def _dataset_items(
+    found: list[tuple[str, tuple[int, ...], np.dtype]],
+    name: str,
+    path: str,
+    identity: tuple[int, int, int] | None,
+    attrs: dict[str, int],
+) -> tuple[list[SourceItem], list[str]]:
+    """Every numeric dataset of ``found`` as an item named by its path, holding one
+    array ``name``: the dataset itself (:data:`zstore.convert._fields.ITSELF`), its
+    attributes the item's."""
+    items, skipped = [], []
+    for full, shape, dtype in found:
+        if dtype.kind not in NUMERIC_KINDS or dtype.names:
+            skipped.append(f"{full}: non-numeric dtype {dtype}")
+            continue
+        items.append(
+            SourceItem(
+                full,
+                {name: shape},
+                {name: dtype},
+                math.prod(shape) * dtype.itemsize,
+                path,
+                full,
+                {},
+                {"": attrs[full]} if full in attrs else {},
+                identity,
+                {name: ITSELF},
+            )
+        )
+    items.sort(key=lambda it: it.name)
+    return items, skipped

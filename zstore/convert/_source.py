@@ -185,13 +185,15 @@ def plan(
     time_axis: int | dict[str, int] = -1,
     optional: bool = False,
     pool: Any = None,
+    dataset_items: str | None = None,
 ) -> SourcePlan:
     """Scan the source file(s) and decide the rate of every array; raise on
     contradictions.  ``pool``: worker processes that may share the scan of a large
     file (:func:`zstore.convert._scan.scan`).  ``rates`` maps a name to samples per second, or to None for an
     array to store whole (no time axis) whatever its shape.  ``optional``: ``rates`` and
     a ``time_axis`` dict may name arrays the files lack (an append's new items need not
-    have every array of the store).
+    have every array of the store).  ``dataset_items``: an array name; every dataset is
+    then an item holding that one array (a file of one dataset per recording).
 
     A time axis is a claim: an array gets a rate when ``rates`` gives it, or when it has
     the same whole-number length ratio to a given one in items of at least two lengths
@@ -202,7 +204,7 @@ def plan(
     from zstore.convert._scan import scan_all  # it builds on this module
     from zstore.convert._skipped import summarize
 
-    items, left = scan_all(files, pool)
+    items, left = scan_all(files, pool, dataset_items)
     skipped = summarize(left)  # one line per kind of thing left out
     names = _check_same_arrays(items, path)
     given = dict(rates or {})
@@ -272,6 +274,12 @@ def plan(
             f"--rate {longest}=16000 (arrays of '{first.name}': {shapes}; arrays with a "
             "whole-number length ratio to a rated one in items of different lengths get "
             "their rate inferred)"
+            + (
+                f"; or, if each dataset of '{first.name}' is a recording of its own, give "
+                "--dataset-items wav (naming the array)"
+                if len(names) >= 4 and len(names) > 2 * len(items)
+                else ""
+            )
         )
     from zstore.convert._dims import dimension_names  # it reads the file through this module
 

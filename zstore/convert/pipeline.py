@@ -92,6 +92,15 @@ def check_pack_seconds(pack_seconds: Any) -> None:
         )
 
 
+def check_dataset_items(name: Any) -> None:
+    """``dataset_items`` must be a plain array name."""
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("zstore"):
+        raise SourceError(
+            f"--dataset-items {name!r}: must be the name each recording's array gets "
+            "(e.g. wav): not empty, without '/', and not starting with 'zstore'"
+        )
+
+
 def check_chunks(source: SourcePlan, chunk_seconds: float) -> None:
     """Each time array's chunk must hold at least one sample at its rate."""
     for name, info in source.arrays.items():
@@ -283,6 +292,7 @@ def convert(
     dask: Any = None,
     precision: Mapping[str, int | str] | None = None,
     pack_seconds: float = PACK_SECONDS,
+    dataset_items: str | None = None,
 ) -> ConvertReport:
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
 
@@ -317,6 +327,10 @@ def convert(
             packed: stored back to back in shared arrays (``zstore_packed/<g>/<array>``,
             each item's offset in the item table), a few objects per hundred items
             instead of five per item.  0 gives every item its own group.
+        dataset_items: for a file of one dataset per recording (``/utt0``,
+            ``/audio/utt1``, ...) rather than one group: the name of the array each
+            dataset becomes, e.g. ``"wav"``; every numeric dataset is then an item named
+            by its path, its attributes the item's.
 
     Rerunning after a crash resumes: finished items are kept, the rest are written.
     Rerunning on a finished store of the same source and options does nothing.
@@ -339,10 +353,13 @@ def convert(
     }
     if stated:  # absent otherwise: stores made without it keep their fingerprint
         options["precision"] = {n: p.bits for n, p in sorted(stated.items())}
+    if dataset_items is not None:  # absent otherwise, as precision
+        check_dataset_items(dataset_items)
+        options["dataset_items"] = dataset_items
     wanted = workers or os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         pool = None if dask is not None else stack.enter_context(local_pool(wanted))
-        source = plan(files, rates, axes, pool=pool)
+        source = plan(files, rates, axes, pool=pool, dataset_items=dataset_items)
         source.arrays = with_precision(source.arrays, _dtypes(source), stated, src)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)
@@ -359,6 +376,7 @@ def convert(
             chunk_seconds,
             codec,
             packs=tuple(packs.groups),
+            dataset_items=dataset_items,
         )
         stack.enter_context(store_lock(dst, storage_options))  # one writer at a time
         return _convert(
@@ -460,6 +478,7 @@ def _manifest(
         codec=job.codec,
         chunk_seconds=job.chunk_seconds,
         extra={
+            **({"dataset_items": job.dataset_items} if job.dataset_items else {}),
             "pack_seconds": packs.seconds,
             "fingerprint": fingerprint,
             "store_bytes": nbytes,

@@ -65,6 +65,8 @@ def test_each_dataset_is_an_item(tmp_path, cache, pack_seconds):
 
 def test_datasets_under_a_group_and_an_append(tmp_path):
     first = flat_file(tmp_path / "a.h5", [2.0, 3.0], under="audio/", seed=1)
+    with h5py.File(tmp_path / "a.h5", "a") as f:
+        f["sample_rate"] = 16000  # a scalar beside the recordings: not one of them
     second = flat_file(tmp_path / "b.h5", [4.0], under="audio/", seed=2)
     dst = tmp_path / "s.zarr"
     proc = cli(
@@ -72,6 +74,7 @@ def test_datasets_under_a_group_and_an_append(tmp_path):
         "--dataset-items", "wav", "--no-progress",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert "skipped sample_rate: 0-d, where 2 dataset(s) are 2-d recordings" in proc.stdout
     refused = cli("convert", str(tmp_path / "b.h5"), str(dst), "--append", "--dataset-items", "x")
     assert_one_line_error(refused, "--dataset-items x", "datasets holding 'wav'")
     zstore.append(tmp_path / "b.h5", dst, progress=False)  # the store's option

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import os
+from collections import Counter
 from typing import Any
 
 import h5py
@@ -360,9 +361,20 @@ def _dataset_items(
     array ``name``: the dataset itself (:data:`zstore.convert._fields.ITSELF`), its
     attributes the item's."""
     items, skipped = [], []
+    numeric = [d for d in found if d[2].kind in NUMERIC_KINDS and not d[2].names]
+    # the recordings' number of dimensions: most datasets have it (a scalar sample rate
+    # or a metadata table beside them is not a recording)
+    ndims = Counter(len(shape) for _, shape, _ in numeric)
+    ndim = max(ndims, key=lambda n: (ndims[n], n)) if ndims else 0
     for full, shape, dtype in found:
         if dtype.kind not in NUMERIC_KINDS or dtype.names:
             skipped.append(f"{full}: non-numeric dtype {dtype}")
+            continue
+        if len(shape) != ndim:
+            skipped.append(
+                f"{full}: {len(shape)}-d, where {ndims[ndim]} dataset(s) are {ndim}-d "
+                f"recordings (--dataset-items {name})"
+            )
             continue
         items.append(
             SourceItem(

@@ -78,6 +78,7 @@ def test_datasets_under_a_group_and_an_append(tmp_path):
     refused = cli("convert", str(tmp_path / "b.h5"), str(dst), "--append", "--dataset-items", "x")
     assert_one_line_error(refused, "--dataset-items x", "datasets holding 'wav'")
     zstore.append(tmp_path / "b.h5", dst, progress=False)  # the store's option
+    assert "items: the source's datasets, each the array 'wav'" in cli("info", str(dst)).stdout
     ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=False)
     assert sorted(ds._items) == sorted({**first, **second})
     for i in range(len(ds)):

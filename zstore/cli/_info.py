@@ -131,6 +131,10 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         f"{format_size(nbytes)}, codec {manifest.codec} + crc32c, "
         f"chunks of {manifest.chunk_seconds:g} s",
     ]
+    made_of = manifest.extra.get("dataset_items")
+    info["dataset_items"] = made_of
+    if made_of:
+        lines.append(f"items: the source's datasets, each the array '{made_of}' (--dataset-items)")
     per_item = objects / max(1, len(manifest.items))
     lines.append(
         f"packed: {packed} of {len(manifest.items)} items "

@@ -132,6 +132,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 precision=_pairs(args.precision, "--precision", example="wav=100dB") or None,
                 pack_seconds=args.pack_seconds,
                 dataset_items=args.dataset_items,
+                dtypes=_pairs(args.dtype, "--dtype", example="wav=float32") or None,
             )
         )
         return 0
@@ -151,6 +152,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         precision=_pairs(args.precision, "--precision", example="wav=100dB"),
         pack_seconds=PACK_SECONDS if args.pack_seconds is None else args.pack_seconds,
         dataset_items=args.dataset_items,
+        dtypes=_pairs(args.dtype, "--dtype", example="wav=float32"),
     )
     print(report)
     return 0
@@ -383,6 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"pack items whose every array is a time array of at most this many seconds "
         f"into shared arrays (default {PACK_SECONDS:g}; 0: every item keeps its own group): "
         "a few objects per hundred short items instead of five per item",
+    )
+    p.add_argument(
+        "--dtype",
+        action="append",
+        default=[],
+        metavar="NAME=DTYPE",
+        help="store a float array as another float dtype, e.g. --dtype wav=float32 for "
+        "float64 audio, or for groups of float32 and float64 alike (repeat)",
     )
     p.add_argument(
         "--dataset-items",

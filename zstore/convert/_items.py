@@ -72,6 +72,8 @@ class Job:
     packs: tuple[PackGroup, ...] = ()
     #: the array name of a file of one dataset per recording (``convert(dataset_items=)``)
     dataset_items: str | None = None
+    #: (array, float dtype) the store keeps (``convert(dtypes=)``; :mod:`._casts`)
+    casts: tuple[tuple[str, str], ...] = ()
 
     def mark(self, source: str) -> str | bool:
         return dict(self.marks).get(source, True)
@@ -115,7 +117,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
         by_zarr = []
         for name in item.shapes:
             ds = source_dataset(src_group, item.fields, name)
-            shape, dtype = tuple(ds.shape), ds.dtype
+            shape, dtype = tuple(ds.shape), np.dtype(item.dtypes[name])  # cast, if any
             chunks, shards = _geometry(shape, job.arrays[name], job.chunk_seconds, dtype.itemsize)
             if not handles(job.codec, dtype, shape):
                 by_zarr.append(name)
@@ -202,12 +204,12 @@ def _write_by_zarr(
             job.arrays[name], read_array(src_group, item, name), tally.array(name), item.name
         )
         chunks, shards = _geometry(
-            tuple(ds.shape), job.arrays[name], job.chunk_seconds, ds.dtype.itemsize
+            tuple(ds.shape), job.arrays[name], job.chunk_seconds, data.dtype.itemsize
         )
         arr = group.create_array(
             name,
             shape=ds.shape,
-            dtype=ds.dtype,
+            dtype=data.dtype,
             chunks=chunks,
             shards=shards,
             compressors=compressors(job.codec),

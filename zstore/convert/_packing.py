@@ -288,7 +288,8 @@ def encode_batch(
             index: list[Any] = [slice(None)] * raw.ndim
             index[axis] = slice(lo, lo + raw.shape[axis])
             buffers[name][tuple(index)] = raw
-            source_bytes[name] += raw.nbytes
+            cast = item.cast_from.get(name)  # read cast: the file's bytes are its dtype's
+            source_bytes[name] += raw.nbytes if cast is None else raw.size * cast.itemsize
             if not verify:
                 tally.array(name).count_nonfinite(item.name, raw)
         if attrs:

@@ -45,6 +45,8 @@ class SourceItem:
     #: arrays that are fields of a compound dataset: name -> (dataset, field)
     #: (:mod:`zstore.convert._fields`)
     fields: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: arrays cast to another dtype (``dtypes`` now says it): their dtype in the file
+    cast_from: dict[str, np.dtype] = field(default_factory=dict)
 
 
 @dataclass
@@ -128,8 +130,12 @@ def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
                 raise SourceError(
                     f"{src}: '{it.name}/{n}' is {it.dtypes[n]} but '{ref.name}/{n}' is "
                     f"{ref.dtypes[n]}: an array has one dtype in every group of a store; "
-                    "cast one of them in the HDF5 file, or convert those groups to a store "
-                    "of their own"
+                    + (
+                        f"give --dtype {n}=float32 (or float64) to store every item's as that"
+                        if it.dtypes[n].kind == ref.dtypes[n].kind == "f"
+                        else "cast one of them in the HDF5 file, or convert those groups to "
+                        "a store of their own"
+                    )
                 )
             if len(it.shapes[n]) != len(ref.shapes[n]):
                 raise SourceError(
@@ -186,6 +192,7 @@ def plan(
     optional: bool = False,
     pool: Any = None,
     dataset_items: str | None = None,
+    casts: dict[str, str] | None = None,
 ) -> SourcePlan:
     """Scan the source file(s) and decide the rate of every array; raise on
     contradictions.  ``pool``: worker processes that may share the scan of a large
@@ -194,6 +201,7 @@ def plan(
     a ``time_axis`` dict may name arrays the files lack (an append's new items need not
     have every array of the store).  ``dataset_items``: an array name; every dataset is
     then an item holding that one array (a file of one dataset per recording).
+    ``casts``: {array: float dtype} the store keeps (:mod:`zstore.convert._casts`).
 
     A time axis is a claim: an array gets a rate when ``rates`` gives it, or when it has
     the same whole-number length ratio to a given one in items of at least two lengths
@@ -206,6 +214,10 @@ def plan(
 
     items, left = scan_all(files, pool, dataset_items)
     skipped = summarize(left)  # one line per kind of thing left out
+    if casts:
+        from zstore.convert._casts import apply_casts  # it builds on this module
+
+        apply_casts(items, casts, path, optional)
     names = _check_same_arrays(items, path)
     given = dict(rates or {})
     if optional:

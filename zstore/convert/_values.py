@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zstore.convert._casts import cast_text, cast_values
 from zstore.convert._fields import source_dataset
 from zstore.convert._source import SourceItem, open_source
 from zstore.errors import SourceError
@@ -95,8 +96,9 @@ class Tally:
 
 
 def stored_values(info: ArrayInfo, data: np.ndarray) -> np.ndarray:
-    """``data`` as the store holds it: rounded to the array's stated precision (itself
-    when there is none, or it keeps every bit)."""
+    """``data`` as the store holds it: cast to the array's dtype (``--dtype``) and
+    rounded to its stated precision (itself when neither applies)."""
+    data = cast_values(info.dtype, data)
     bits = None if info.precision is None else effective_bits(info.precision, data.dtype)
     return data if bits is None else round_mantissa(data, bits)
 
@@ -181,9 +183,14 @@ def estimate(
 
 
 def describe(
-    name: str, info: ArrayInfo, tally: ArrayTally, estimates: list[tuple[int, float, float]]
+    name: str,
+    info: ArrayInfo,
+    tally: ArrayTally,
+    estimates: list[tuple[int, float, float]],
+    cast_from: str | None = None,
 ) -> str | None:
-    """The report's line on a float array's values and how they were stored."""
+    """The report's line on a float array's values and how they were stored (cast from
+    the dtype(s) ``cast_from`` names)."""
     if tally.kind is None:
         return None
     ratio = tally.stored_bytes / tally.source_bytes if tally.source_bytes else 0.0
@@ -194,11 +201,14 @@ def describe(
         "whole": f"{dtype} holding only whole numbers",
         "float": f"true {dtype} values",
     }[tally.kind]
+    if cast_from:
+        what += f" (cast from {cast_from}, to nearest)"
+    stored = "stored" if cast_from else "stored lossless"
     if info.precision is not None:
         return f"{what}, kept to {info.precision.summary()}: {ratio:.2f}x of the source"
     if tally.source_bytes < RATIO_BYTES:  # a few labels: their metadata outweighs them
-        return f"{what}, stored lossless"
-    line = f"{what}, stored lossless at {ratio:.2f}x of the source"
+        return f"{what}, {stored}"
+    line = f"{what}, {stored} at {ratio:.2f}x of the source"
     useful = [(bits, r, snr) for bits, r, snr in estimates if math.isfinite(snr) and r < ratio]
     if useful:
         line += "; " + ", ".join(
@@ -270,7 +280,7 @@ def value_lines(
             if first is not None:
                 data = sample(first, name, info.time_axis)
                 estimates = estimate(data, info, chunk_seconds, codec)
-        line = describe(name, info, t, estimates)
+        line = describe(name, info, t, estimates, cast_text(name, items))
         found = [x for x in (line, nonfinite) if x]
         if found:
             lines[name] = "\n    ".join(found)

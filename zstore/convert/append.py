@@ -61,14 +61,15 @@ def append(
     precision: Mapping[str, int | str] | None = None,
     pack_seconds: float | None = None,
     dataset_items: str | None = None,
+    dtypes: Mapping[str, str] | None = None,
 ) -> ConvertReport:
     """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
     ``dask`` (a client or scheduler address) runs the items on a Dask cluster.
 
     The store keeps its codec, chunking, rates, time axes and stated precisions (new
     items are rounded as the store's were): ``rates``, ``time_axis``, ``codec``,
-    ``chunk_seconds``, ``precision``, ``pack_seconds`` and ``dataset_items`` may be
-    given only to state what the store has
+    ``chunk_seconds``, ``precision``, ``pack_seconds``, ``dataset_items`` and
+    ``dtypes`` may be given only to state what the store has
     (anything else is refused before anything is written), and so are new arrays whose
     dtype or number of dimensions differ from the store's.  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
@@ -94,6 +95,14 @@ def append(
                 f"{dst}: --pack-seconds {pack_seconds:g} was given, but the store packs "
                 f"items of at most {has:g} s; an append keeps the store's options: leave "
                 "it out, or convert these files to a new store"
+            )
+        cast = manifest.extra.get("dtypes", {})
+        if dtypes is not None and {n: str(d) for n, d in dtypes.items()} != cast:
+            raise SourceError(
+                f"{dst}: --dtype {dict(dtypes)} was given, but the store casts "
+                f"{cast or 'no array'}; an append keeps the store's options (it casts new "
+                "items as the store's were): leave it out, or convert these files to a new "
+                "store"
             )
         made = manifest.extra.get("dataset_items")
         if dataset_items is not None and dataset_items != made:
@@ -289,7 +298,8 @@ def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     rates = {n: a.rate for n, a in manifest.arrays.items()}  # the store's claims, whole too
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
     dataset_items = manifest.extra.get("dataset_items")  # as the conversion read its files
-    source = plan(files, rates, axes, optional=True, dataset_items=dataset_items)
+    casts = manifest.extra.get("dtypes")  # new items are cast as the store's were
+    source = plan(files, rates, axes, optional=True, dataset_items=dataset_items, casts=casts)
     prefix = stems(files) if made_from > 1 else None
     for it in source.items:
         it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group

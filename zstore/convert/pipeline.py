@@ -293,6 +293,7 @@ def convert(
     precision: Mapping[str, int | str] | None = None,
     pack_seconds: float = PACK_SECONDS,
     dataset_items: str | None = None,
+    dtypes: Mapping[str, str] | None = None,
 ) -> ConvertReport:
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
 
@@ -331,6 +332,9 @@ def convert(
             ``/audio/utt1``, ...) rather than one group: the name of the array each
             dataset becomes, e.g. ``"wav"``; every numeric dataset is then an item named
             by its path, its attributes the item's.
+        dtypes: per float array, the float dtype the store keeps, e.g.
+            ``{"wav": "float32"}`` for float64 audio, or for groups of float32 and
+            float64 alike: values are cast (to nearest) before they are encoded.
 
     Rerunning after a crash resumes: finished items are kept, the rest are written.
     Rerunning on a finished store of the same source and options does nothing.
@@ -344,7 +348,7 @@ def convert(
     check_options(chunk_seconds, workers)
     check_pack_seconds(pack_seconds)
     stated = {n: parse_precision(n, v) for n, v in (precision or {}).items()}
-    options = {
+    options: dict[str, Any] = {
         "rates": {k: None if v is None else float(v) for k, v in (rates or {}).items()},
         "time_axis": axes,
         "chunk_seconds": chunk_seconds,
@@ -356,11 +360,14 @@ def convert(
     if dataset_items is not None:  # absent otherwise, as precision
         check_dataset_items(dataset_items)
         options["dataset_items"] = dataset_items
+    casts = {n: str(d) for n, d in sorted((dtypes or {}).items())}
+    if casts:
+        options["dtypes"] = casts
     wanted = workers or os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         pool = None if dask is not None else stack.enter_context(local_pool(wanted))
-        source = plan(files, rates, axes, pool=pool, dataset_items=dataset_items)
-        source.arrays = with_precision(source.arrays, _dtypes(source), stated, src)
+        source = plan(files, rates, axes, pool=pool, dataset_items=dataset_items, casts=casts)
+        source.arrays = with_precision(with_dtypes(source), _dtypes(source), stated, src)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)
         packs = plan_packs(source.items, source.arrays, codec, chunk_seconds, pack_seconds)
@@ -377,6 +384,7 @@ def convert(
             codec,
             packs=tuple(packs.groups),
             dataset_items=dataset_items,
+            casts=tuple(casts.items()),
         )
         stack.enter_context(store_lock(dst, storage_options))  # one writer at a time
         return _convert(
@@ -479,6 +487,7 @@ def _manifest(
         chunk_seconds=job.chunk_seconds,
         extra={
             **({"dataset_items": job.dataset_items} if job.dataset_items else {}),
+            **({"dtypes": dict(job.casts)} if job.casts else {}),
             "pack_seconds": packs.seconds,
             "fingerprint": fingerprint,
             "store_bytes": nbytes,

@@ -184,3 +184,29 @@ def test_workers_with_several_threads_get_a_warning(tmp_path, small_h5):
                 verify=True,
             )
     assert report.verified and report.converted == report.items
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_dataset_items_and_a_cast_on_the_cluster(tmp_path, cluster, pack_seconds):
+    _, client = cluster
+    rng = np.random.default_rng(6)
+    wavs = {f"utt{i}": rng.standard_normal((1, 16000 * (2 + i))) * 0.1 for i in range(3)}
+    with h5py.File(tmp_path / "flat.h5", "w") as f:  # float64 recordings, one dataset each
+        for name, wav in wavs.items():
+            f[name] = wav
+    report = zstore.convert(
+        tmp_path / "flat.h5",
+        tmp_path / "s.zarr",
+        rates={"wav": 16000},
+        dataset_items="wav",
+        dtypes={"wav": "float32"},
+        pack_seconds=pack_seconds,
+        dask=client,
+        verify=True,
+        progress=False,
+    )
+    assert report.items == 3 and report.verified
+    ds = zstore.WindowDataset(tmp_path / "s.zarr", window_seconds=None, cache=False)
+    for i in range(len(ds)):
+        x = ds[i]
+        np.testing.assert_array_equal(x["wav"].numpy(), wavs[x["item"]].astype(np.float32))

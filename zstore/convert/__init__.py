@@ -9,7 +9,8 @@ errors).  Never the cache, the read path, training or torch.
 """
 
 from zstore.convert._items import CODECS
+from zstore.convert._report import ConvertReport
 from zstore.convert.append import append
-from zstore.convert.pipeline import ConvertReport, convert
+from zstore.convert.pipeline import convert
 
 __all__ = ["CODECS", "ConvertReport", "append", "convert"]

@@ -20,15 +20,17 @@ from typing import Any
 
 import numpy as np
 
+from zstore.convert._checks import check_options
 from zstore.convert._corpus import expand_sources, file_identity, identity_mark, source_name, stems
 from zstore.convert._items import Job
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
+from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import extend
 from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
 from zstore.convert._values import value_lines, warn_nonfinite, with_tally
-from zstore.convert.pipeline import ConvertReport, check_options, plain, with_dtypes
+from zstore.convert.pipeline import plain, with_dtypes
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
     ArrayMetas,

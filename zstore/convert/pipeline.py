@@ -5,28 +5,33 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
-import math
 import os
 import time
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from zstore.convert._checks import (
+    check_chunks,
+    check_dataset_items,
+    check_options,
+    check_pack_seconds,
+)
 from zstore.convert._corpus import differences as corpus_differences
 from zstore.convert._corpus import expand_sources
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
 from zstore.convert._items import Job, compressors
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
+from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
-from zstore.errors import DestinationError, SourceError
+from zstore.errors import DestinationError
 from zstore.format import (
     MANIFEST_ATTR,
     PACK_SECONDS,
@@ -39,7 +44,6 @@ from zstore.format import (
     publish,
     shape_rows,
 )
-from zstore.units import format_size
 from zstore.urls import store_bytes, zarr_store
 
 if TYPE_CHECKING:
@@ -49,67 +53,6 @@ if TYPE_CHECKING:
 #: an older zstore began is not resumed with another layout.  2: every chunk is written;
 #: 3: chunks of small arrays hold at least MIN_CHUNK_BYTES.
 LAYOUT = 3
-#: chunk_seconds bounds: below 10 ms the per-chunk overhead (index entry, crc32c, codec
-#: header: ~36 bytes) outweighs small arrays' data; above an hour a window reads far
-#: more than it needs.
-MIN_CHUNK_SECONDS, MAX_CHUNK_SECONDS = 0.01, 3600.0
-
-
-def check_options(chunk_seconds: Any, workers: Any) -> None:
-    """Refuse numbers the converter cannot use, before the destination is touched."""
-    if (
-        isinstance(chunk_seconds, bool)
-        or not isinstance(chunk_seconds, (int, float))
-        or not math.isfinite(chunk_seconds)
-        or not MIN_CHUNK_SECONDS <= chunk_seconds <= MAX_CHUNK_SECONDS
-    ):
-        raise SourceError(
-            f"--chunk-seconds {chunk_seconds!r}: must be a number from {MIN_CHUNK_SECONDS:g} "
-            f"to {MAX_CHUNK_SECONDS:g} (shorter chunks cost more in per-chunk overhead than "
-            "they hold; longer ones make windows read far more than they need); 1.0 suits "
-            "windows of a few seconds"
-        )
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
-    ):
-        raise SourceError(
-            f"--workers {workers!r}: must be a whole number of processes, at "
-            "least 1 (leave it out for one per CPU)"
-        )
-
-
-def check_pack_seconds(pack_seconds: Any) -> None:
-    """``pack_seconds`` must be a number of seconds, 0 or more."""
-    if (
-        isinstance(pack_seconds, bool)
-        or not isinstance(pack_seconds, (int, float))
-        or not math.isfinite(pack_seconds)
-        or pack_seconds < 0
-    ):
-        raise SourceError(
-            f"--pack-seconds {pack_seconds!r}: must be a number of seconds, 0 or more "
-            f"(items no longer than it are packed; 0 packs none; default {PACK_SECONDS:g})"
-        )
-
-
-def check_dataset_items(name: Any) -> None:
-    """``dataset_items`` must be a plain array name."""
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("zstore"):
-        raise SourceError(
-            f"--dataset-items {name!r}: must be the name each recording's array gets "
-            "(e.g. wav): not empty, without '/', and not starting with 'zstore'"
-        )
-
-
-def check_chunks(source: SourcePlan, chunk_seconds: float) -> None:
-    """Each time array's chunk must hold at least one sample at its rate."""
-    for name, info in source.arrays.items():
-        if info.rate is not None and info.rate * chunk_seconds < 1:
-            raise SourceError(
-                f"--rate {name}={info.rate:g} with --chunk-seconds {chunk_seconds:g}: a chunk "
-                "would hold less than one sample (rates are samples per second, e.g. "
-                f"--rate {name}=16000); give the real rate or longer chunks"
-            )
 
 
 def check_destination(dst: str, storage_options: dict[str, Any] | None) -> None:
@@ -141,81 +84,6 @@ def check_destination(dst: str, storage_options: dict[str, Any] | None) -> None:
             f"{dst}: cannot write in {probe} (no permission, or not a "
             "place for files); choose a writable directory"
         )
-
-
-@dataclass
-class ConvertReport:
-    """What :func:`convert` did."""
-
-    items: int
-    converted: int
-    already_done: int
-    source_bytes: int
-    store_bytes: int
-    seconds: float
-    arrays: dict[str, ArrayInfo]
-    skipped: list[str] = field(default_factory=list)
-    verified: bool = False
-    store_id: str = ""
-    sources: list[str] = field(default_factory=list)
-    #: sources left out of an append: in the store already, unchanged
-    already_in_store: list[str] = field(default_factory=list)
-    #: per float array written, what its values are and how they were stored
-    values: dict[str, str] = field(default_factory=dict)
-    #: items stored packed (spans of shared arrays; see ``pack_seconds``)
-    packed: int = 0
-    #: an append's: the bytes it added to the store (None: a conversion, or not known)
-    added_bytes: int | None = None
-
-    @property
-    def ratio(self) -> float:
-        """Stored bytes per source byte: of the whole store, or of what an append added."""
-        stored = self.store_bytes if self.added_bytes is None else self.added_bytes
-        return stored / self.source_bytes if self.source_bytes else 0.0
-
-    def __str__(self) -> str:
-        lines = [
-            f"sources: {len(self.sources)} file(s)"
-            + (
-                f" ({', '.join(self.sources[:3])}{', ...' if len(self.sources) > 3 else ''})"
-                if self.sources
-                else ""
-            ),
-            f"items: {self.items} ({self.converted} converted, {self.already_done} already done)"
-            + (f"; {self.packed} packed into shared arrays" if self.packed else ""),
-            f"source: {format_size(self.source_bytes)}, store: {format_size(self.store_bytes)}"
-            + (
-                f" ({self.ratio:.2f}x)"
-                if self.added_bytes is None
-                else f", {format_size(self.added_bytes)} of it added ({self.ratio:.2f}x)"
-            )
-            + f", {self.seconds:.1f} s",
-        ]
-        for name, a in self.arrays.items():
-            if a.rate:
-                how = f"time array at {a.rate:g}/s" + (
-                    f" (inferred): {a.note}"
-                    if a.inferred and a.note
-                    else " (inferred)"
-                    if a.inferred
-                    else ""
-                )
-            else:
-                how = a.note or "stored whole (no time axis)"
-            lines.append(f"  {name}: {how}")
-            if name in self.values:
-                lines.append(f"    {self.values[name]}")
-        lines += [f"  skipped {s}" for s in self.skipped]
-        lines += [
-            f"already in the store, nothing added from it: {s}" for s in self.already_in_store
-        ]
-        if self.verified:
-            rounded = [n for n, a in self.arrays.items() if a.precision is not None]
-            lines.append(
-                "verified: every array equals the source"
-                + (f" ({', '.join(rounded)}: within the stated rounding)" if rounded else "")
-            )
-        return "\n".join(lines)
 
 
 def _prepare_destination(

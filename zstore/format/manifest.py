@@ -26,7 +26,14 @@ from crc32c import crc32c
 
 from zstore.errors import StoreFormatError
 from zstore.format._table import pack
-from zstore.format.layout import MANIFEST_ATTR, ArrayInfo, Manifest, geometry, time_lengths
+from zstore.format.layout import (
+    MANIFEST_ATTR,
+    PROGRESS_ATTR,
+    ArrayInfo,
+    Manifest,
+    geometry,
+    time_lengths,
+)
 from zstore.format.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
 from zstore.format.packs import PackGroup, Placement
 from zstore.format.sizing import array_totals
@@ -273,6 +280,11 @@ def read_manifest(
     origin = Origin(url, storage_options, fs=fs)
     meta = {"attributes": {MANIFEST_ATTR: header}} if header else read_root(origin, url)
     data = meta.get("attributes", {}).get(MANIFEST_ATTR)
+    if data is None and PROGRESS_ATTR in meta.get("attributes", {}):
+        raise StoreFormatError(
+            f"{url}: its conversion has not finished (it was stopped, failed, or is still "
+            "running); run the same zstore convert command again to finish it"
+        )
     store_id = str(data.get("store_id", "")) if isinstance(data, dict) else ""
 
     def table(key: str) -> memoryview:

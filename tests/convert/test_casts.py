@@ -87,3 +87,21 @@ def test_only_float_arrays_of_the_source_are_cast(tmp_path):
         zstore.convert(src, tmp_path / "b.zarr", rates={"wav": 16000}, dtypes={"spec": "float32"})
     with pytest.raises(zstore.SourceError, match="one of float16, float32, float64"):
         zstore.convert(src, tmp_path / "c.zarr", rates={"wav": 16000}, dtypes={"wav": "int16"})
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_values_beyond_the_new_dtype_stop_the_cast(tmp_path, pack_seconds):
+    items = processed(5, [2.0, 3.0], [np.float64] * 2)
+    items["rec5_1"]["wav"][0, 7] = 1e39  # finite in float64, infinite in float32
+    items["rec5_0"]["wav"][0, 3] = np.inf  # infinities stay infinities: not refused
+    src = write_h5(tmp_path / "a.h5", items)
+    with pytest.raises(zstore.SourceError, match=r"rec5_1.* up to 1e\+39, beyond float32's"):
+        zstore.convert(
+            src,
+            tmp_path / "a.zarr",
+            rates={"wav": 16000},
+            dtypes={"wav": "float32"},
+            pack_seconds=pack_seconds,
+            workers=1,
+            progress=False,
+        )

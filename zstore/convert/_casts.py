@@ -6,7 +6,9 @@ corpus assembled from several pipelines may hold float32 in some groups and floa
 others, which one array cannot.  A cast names the dtype the store keeps: every item's
 values are converted to it (to nearest) before they are encoded, the manifest and the
 arrays' metadata say the new dtype, ``--verify`` compares the cast values, and appends
-cast new items as the store's were (the manifest keeps the casts).
+cast new items as the store's were (the manifest keeps the casts).  Every path casts
+with numpy (values read in the file's dtype, then cast), so packed and unpacked items
+hold the same values, and a value beyond the new dtype's range stops the conversion.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ def apply_casts(
             if name in it.dtypes and np.dtype(it.dtypes[name]).newbyteorder("=") != target:
                 it.cast_from[name] = np.dtype(it.dtypes[name])
                 it.dtypes[name] = np.dtype(target)
-                it.offsets.pop(name, None)
 
 
 def cast_text(name: str, items: list[SourceItem]) -> str | None:
@@ -58,12 +59,22 @@ def cast_text(name: str, items: list[SourceItem]) -> str | None:
     return "/".join(found) or None
 
 
-def cast_values(dtype: str | None, data: np.ndarray) -> np.ndarray:
+def cast_values(dtype: str | None, data: np.ndarray, what: str = "the array") -> np.ndarray:
     """``data`` as the array's stored ``dtype`` where a cast makes it another float
-    dtype (byte order aside); itself otherwise."""
+    dtype (byte order aside), to nearest; itself otherwise.  Finite values beyond the
+    new dtype's range are refused (they would become infinities), naming ``what``."""
     if dtype is None or data.dtype.kind != "f":
         return data
     target = np.dtype(dtype)
     if target.kind != "f" or data.dtype.newbyteorder("=") == target:
         return data
+    top = float(np.finfo(target).max)
+    if target.itemsize < data.dtype.itemsize and data.size:
+        finite = data[np.isfinite(data)]
+        if finite.size and float(np.abs(finite).max()) > top:
+            raise SourceError(
+                f"{what} holds values up to {float(np.abs(finite).max()):g}, beyond "
+                f"{target.name}'s range (±{top:g}): cast, they would become infinities; "
+                f"leave --dtype out for this array"
+            )
     return data.astype(target)

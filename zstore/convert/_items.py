@@ -86,6 +86,8 @@ def _geometry(
 
 
 def read_array(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.ndarray:
+    """Array ``name`` of ``item`` as the file holds it (a cast is applied by
+    :func:`zstore.convert._values.prepared`)."""
     try:
         return (source_dataset(src_group, item.fields, name) if ds is None else ds)[()]
     except (OSError, RuntimeError) as e:

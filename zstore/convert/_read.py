@@ -18,6 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from zstore.convert._casts import cast_values
 from zstore.convert._fields import ITSELF, source_dataset
 from zstore.convert._items import source_files
 from zstore.convert._source import SourceItem, identity_of
@@ -83,7 +84,7 @@ def _read_item(
                 arrays[name] = source_dataset(f[item.group], item.fields, name)[()]
                 continue
             where = f"{item.group}/{name}"
-            dtype = np.dtype(item.dtypes[name])
+            dtype = np.dtype(item.cast_from.get(name, item.dtypes[name]))  # the file's
             offset = item.offsets.get(name)
             if fd is not None and offset is not None:
                 arrays[name] = out = np.empty(shape, dtype=dtype)
@@ -125,4 +126,6 @@ def _read_item(
             f"{item.source}: reading '{where}' failed ({e}); the file may be truncated "
             "or corrupt: re-copy it"
         ) from None
+    for name in item.cast_from:  # as read_array casts: numpy's, range checked
+        arrays[name] = cast_values(item.dtypes[name].name, arrays[name], f"'{item.name}/{name}'")
     return arrays, attrs

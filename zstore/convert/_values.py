@@ -95,10 +95,11 @@ class Tally:
         return self.arrays.setdefault(name, ArrayTally())
 
 
-def stored_values(info: ArrayInfo, data: np.ndarray) -> np.ndarray:
-    """``data`` as the store holds it: cast to the array's dtype (``--dtype``) and
-    rounded to its stated precision (itself when neither applies)."""
-    data = cast_values(info.dtype, data)
+def stored_values(info: ArrayInfo, data: np.ndarray, what: str = "an item") -> np.ndarray:
+    """``data`` as the store holds it: cast to the array's dtype (``--dtype``; ``what``
+    names the data if its values do not fit) and rounded to its stated precision
+    (itself when neither applies)."""
+    data = cast_values(info.dtype, data, what)
     bits = None if info.precision is None else effective_bits(info.precision, data.dtype)
     return data if bits is None else round_mantissa(data, bits)
 
@@ -117,7 +118,7 @@ def prepared(
     # activity labels often are: they would read as int16 samples, then as "float").
     if tally.kind != "float" and data.any():
         tally.kind = wider_kind(tally.kind, value_kind(data))
-    rounded = stored_values(info, data)
+    rounded = stored_values(info, data, "an item" if item is None else f"item '{item}'")
     if info.precision is not None:
         signal, noise = energies(data, rounded)
         tally.signal += signal

@@ -97,3 +97,28 @@ def test_without_the_option_the_errors_name_it(tmp_path):
         zstore.convert(tmp_path / "group.h5", tmp_path / "b.zarr", progress=False)
     with pytest.raises(zstore.SourceError, match="--dataset-items 'a/b'"):
         zstore.convert(tmp_path / "group.h5", tmp_path / "c.zarr", dataset_items="a/b")
+
+
+def test_features_dumped_one_dataset_per_utterance_frames_first(tmp_path):
+    rng = np.random.default_rng(9)
+    feats = {
+        f"spk1-utt{i}": rng.standard_normal((100 * (2 + i), 80)).astype(np.float32)
+        for i in range(4)
+    }
+    with h5py.File(tmp_path / "feats.h5", "w") as f:
+        for name, x in feats.items():
+            f[name] = x
+    dst = tmp_path / "feats.zarr"
+    zstore.convert(
+        tmp_path / "feats.h5",
+        dst,
+        rates={"feats": 100},
+        time_axis={"feats": 0},
+        dataset_items="feats",
+        progress=False,
+    )
+    ds = zstore.WindowDataset(dst, window_seconds=1.5, cache=False)
+    for i in range(len(ds)):
+        x = ds[i]
+        start = round(x["start"] * 100)
+        np.testing.assert_array_equal(x["feats"].numpy(), feats[x["item"]][start : start + 150])

@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import json
 import math
 import multiprocessing as mp
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import cli, manifest_of, write_h5
+from conftest import PYTHON, cli, manifest_of, subprocess_env, write_h5
 
 import zstore
 
@@ -835,3 +836,45 @@ def test_nan_and_inf_values_are_stored_and_named(tmp_path, pack_seconds):
         want = items[x["item"]]
         np.testing.assert_array_equal(x["wav"].numpy(), want["wav"])  # NaN where they were
         np.testing.assert_array_equal(x["spec"].numpy(), want["spec"])
+
+
+def _plugin_compressed(path: Path) -> dict:
+    """Recordings compressed with filters h5py lacks (hdf5plugin's Zstd and Blosc)."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    rng = np.random.default_rng(8)
+    items = {}
+    with h5py.File(path, "w") as f:
+        for i in range(3):
+            wav = (rng.integers(-3000, 3000, (2, 16000 * (2 + i))) / 32768).astype(np.float32)
+            act = rng.random((2, 100 * (2 + i))) > 0.5
+            f.create_dataset(f"u{i}/wav", data=wav, chunks=(2, 16000), **hdf5plugin.Zstd())
+            f.create_dataset(f"u{i}/act", data=act, chunks=(2, 100), **hdf5plugin.Blosc())
+            items[f"u{i}"] = {"wav": wav, "act": act}
+    return items
+
+
+def test_datasets_compressed_with_hdf5plugin_filters_convert(tmp_path):
+    items = _plugin_compressed(tmp_path / "z.h5")
+    zstore.convert(
+        tmp_path / "z.h5", tmp_path / "z.zarr", rates={"wav": 16000}, verify=True, progress=False
+    )
+    ds = zstore.WindowDataset(tmp_path / "z.zarr", window_seconds=None, cache=False)
+    for i in range(len(ds)):
+        x = ds[i]
+        np.testing.assert_array_equal(x["wav"].numpy(), items[x["item"]]["wav"])
+
+
+def test_a_filter_h5py_lacks_is_named_not_taken_for_corruption(tmp_path):
+    _plugin_compressed(tmp_path / "z.h5")
+    code = (  # a Python without hdf5plugin
+        "import sys; sys.modules['hdf5plugin'] = None\n"
+        "import zstore\n"
+        f"zstore.convert({str(tmp_path / 'z.h5')!r}, {str(tmp_path / 'z.zarr')!r}, "
+        "rates={'wav': 16000}, workers=1, progress=False)\n"
+    )
+    proc = subprocess.run(
+        [PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode != 0
+    assert "is compressed with the HDF5 filter" in proc.stderr, proc.stderr[-2000:]
+    assert "pip install hdf5plugin" in proc.stderr and "corrupt" not in proc.stderr

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zstore.convert._fields import source_dataset
+from zstore.convert._filters import read_failure
 from zstore.convert._source import SourceItem, SourcePlan, open_source
 from zstore.convert._tasks import Progress, run_batches
 from zstore.convert._values import Tally, prepared, stored_values
@@ -91,10 +92,9 @@ def read_array(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> n
     try:
         return (source_dataset(src_group, item.fields, name) if ds is None else ds)[()]
     except (OSError, RuntimeError) as e:
-        raise SourceError(
-            f"{item.source}: reading '{item.group}/{name}' failed ({e}); the "
-            "file may be truncated or corrupt: re-copy it"
-        ) from None
+        where = item.fields.get(name, (name, ""))[0]  # the dataset: a compound's, or itself
+        path = f"{item.group}/{where}" if where else item.group
+        raise read_failure(item.source, src_group.file, path, e) from None
 
 
 def _attributes(job: Job, name: str, ds: Any) -> dict[str, Any]:

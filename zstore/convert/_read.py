@@ -20,9 +20,9 @@ import numpy as np
 
 from zstore.convert._casts import cast_values
 from zstore.convert._fields import ITSELF, source_dataset
+from zstore.convert._filters import read_failure
 from zstore.convert._items import source_files
 from zstore.convert._source import SourceItem, identity_of
-from zstore.errors import SourceError
 from zstore.format import hdf5_attrs, hdf5_attrs_at, hdf5_attrs_of
 
 
@@ -122,10 +122,7 @@ def _read_item(
         if group_attrs:
             attrs["attrs"] = group_attrs
     except (OSError, RuntimeError, KeyError) as e:
-        raise SourceError(
-            f"{item.source}: reading '{where}' failed ({e}); the file may be truncated "
-            "or corrupt: re-copy it"
-        ) from None
+        raise read_failure(item.source, f, where, e) from None
     for name in item.cast_from:  # as read_array casts: numpy's, range checked
         arrays[name] = cast_values(item.dtypes[name].name, arrays[name], f"'{item.name}/{name}'")
     return arrays, attrs

@@ -91,7 +91,11 @@ def check_unchanged(items: list[SourceItem], again: str) -> None:
 
 
 def open_source(src: str | os.PathLike[str]) -> h5py.File:
-    """Open the HDF5 file read-only, turning every failure into one clear error."""
+    """Open the HDF5 file read-only, turning every failure into one clear error (the
+    filters of hdf5plugin loaded first, when it is installed)."""
+    from zstore.convert._filters import load_filters
+
+    load_filters()
     path = os.fspath(src)
     if is_url(path):  # any fsspec URL: h5py reads the file object
         import fsspec

@@ -76,6 +76,7 @@ def test_float64_audio_and_its_appends_are_cast(tmp_path):
     assert_one_line_error(refused, "--dtype", "casts", "float32")
     report = zstore.append(new, dst, progress=False, verify=True)  # cast as the store's
     assert report.converted == 1
+    assert "wav: 16000/s, float32 (cast, --dtype)" in cli("info", str(dst)).stdout
     check_read(dst, {**first, **second})
 
 

@@ -93,6 +93,9 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             )
         if in_record:
             entry["in_records"] = True
+        cast = manifest.extra.get("dtypes", {}).get(name)
+        if cast:  # the store keeps it as this dtype (--dtype), whatever the sources'
+            entry["cast_to"] = cast
         if first is not None and first != manifest.first_index(name):
             entry["shown_item"] = manifest.items[first]
         if a.rate:
@@ -168,7 +171,8 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             if "chunk" in e
             else ""
         )
-        lines.append(f"  {name}: {rate}, {e.get('dtype', '?')}, {which} {shape}{chunking}{where}")
+        dtype = e.get("dtype", "?") + (" (cast, --dtype)" if e.get("cast_to") else "")
+        lines.append(f"  {name}: {rate}, {dtype}, {which} {shape}{chunking}{where}")
         if e["note"] and (e["inferred"] or not e["rate"]):
             lines.append(f"    {e['note']}")
         line = _values_line(manifest.arrays[name])

@@ -133,6 +133,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 pack_seconds=args.pack_seconds,
                 dataset_items=args.dataset_items,
                 dtypes=_pairs(args.dtype, "--dtype", example="wav=float32") or None,
+                include=args.include,
+                exclude=args.exclude,
             )
         )
         return 0
@@ -153,6 +155,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         pack_seconds=PACK_SECONDS if args.pack_seconds is None else args.pack_seconds,
         dataset_items=args.dataset_items,
         dtypes=_pairs(args.dtype, "--dtype", example="wav=float32"),
+        include=args.include,
+        exclude=args.exclude,
     )
     print(report)
     return 0
@@ -385,6 +389,21 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"pack items whose every array is a time array of at most this many seconds "
         f"into shared arrays (default {PACK_SECONDS:g}; 0: every item keeps its own group): "
         "a few objects per hundred short items instead of five per item",
+    )
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="convert only the items (group paths) matching this shell-style pattern, "
+        "e.g. 'spk*/utt*' (repeat)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="leave out the items (group paths) matching this pattern, e.g. 'meta' (repeat)",
     )
     p.add_argument(
         "--dtype",

@@ -121,6 +121,18 @@ def open_source(src: str | os.PathLike[str]) -> h5py.File:
         ) from None
 
 
+def _fewest(items: list[SourceItem], n: str, kind: Any) -> str:
+    """The first group of the fewest items alike in array ``n``'s dtype (``kind`` maps a
+    dtype to what counts) or, with ``kind`` None, its number of dimensions: the odd
+    ones a conversion may leave out."""
+    groups: dict[Any, list[str]] = {}
+    for it in items:
+        if n in it.shapes:
+            key = kind(it.dtypes[n]) if kind is not None else len(it.shapes[n])
+            groups.setdefault(key, []).append(it.group)
+    return min(groups.values(), key=len)[0]
+
+
 def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
     """Every array name; an array may be missing from some items (stored where present),
     but its dtype (byte order aside) and number of dimensions must agree wherever it is."""
@@ -137,8 +149,9 @@ def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
                     + (
                         f"give --dtype {n}=float32 (or float64) to store every item's as that"
                         if it.dtypes[n].kind == ref.dtypes[n].kind == "f"
-                        else "cast one of them in the HDF5 file, or convert those groups to "
-                        "a store of their own"
+                        else "cast one of them in the HDF5 file, or leave the odd ones out "
+                        f"(--exclude '{_fewest(items, n, lambda x: x.newbyteorder('='))}', "
+                        "or a pattern of such groups)"
                     )
                 )
             if len(it.shapes[n]) != len(ref.shapes[n]):
@@ -147,7 +160,8 @@ def _check_same_arrays(items: list[SourceItem], src: str) -> list[str]:
                     f"{it.shapes[n]}) but '{ref.name}/{n}' has {len(ref.shapes[n])} (shape "
                     f"{ref.shapes[n]}): an array has the same number of dimensions in "
                     "every group of a store; reshape one of them in the HDF5 file, or "
-                    "convert those groups to a store of their own"
+                    f"leave the odd ones out (--exclude '{_fewest(items, n, None)}', or a "
+                    "pattern of such groups)"
                 )
     return names
 
@@ -197,6 +211,8 @@ def plan(
     pool: Any = None,
     dataset_items: str | None = None,
     casts: dict[str, str] | None = None,
+    include: list[str] | None = None,
+    exclude: list[str] | None = None,
 ) -> SourcePlan:
     """Scan the source file(s) and decide the rate of every array; raise on
     contradictions.  ``pool``: worker processes that may share the scan of a large
@@ -206,6 +222,7 @@ def plan(
     have every array of the store).  ``dataset_items``: an array name; every dataset is
     then an item holding that one array (a file of one dataset per recording).
     ``casts``: {array: float dtype} the store keeps (:mod:`zstore.convert._casts`).
+    ``include``/``exclude``: patterns of the items taken (:mod:`zstore.convert._select`).
 
     A time axis is a claim: an array gets a rate when ``rates`` gives it, or when it has
     the same whole-number length ratio to a given one in items of at least two lengths
@@ -214,10 +231,12 @@ def plan(
     files = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else list(src)
     path = files[0] if len(files) == 1 else f"{len(files)} sources ({files[0]}, ...)"
     from zstore.convert._scan import scan_all  # it builds on this module
+    from zstore.convert._select import select
     from zstore.convert._skipped import summarize
 
     items, left = scan_all(files, pool, dataset_items)
-    skipped = summarize(left)  # one line per kind of thing left out
+    items, unselected = select(items, include, exclude, path)
+    skipped = summarize(left) + unselected  # one line per kind of thing left out
     if casts:
         from zstore.convert._casts import apply_casts  # it builds on this module
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,8 @@ def append(
     pack_seconds: float | None = None,
     dataset_items: str | None = None,
     dtypes: Mapping[str, str] | None = None,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
 ) -> ConvertReport:
     """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
     ``dask`` (a client or scheduler address) runs the items on a Dask cluster.
@@ -76,6 +78,8 @@ def append(
     dtype or number of dimensions differ from the store's.  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
     conversion or append at a time writes a store (see :mod:`zstore.convert._storelock`).
+    ``include``/``exclude`` choose the new items as for :func:`zstore.convert.convert`;
+    a file once appended counts as in the store, whatever was left out of it.
     """
     t0 = time.perf_counter()
     files, dst = expand_sources(src), os.fspath(dst)
@@ -133,7 +137,7 @@ def append(
                 store_id=manifest.store_id,
                 already_in_store=seen,
             )
-        source = _plan_new(files, manifest, dst)
+        source = _plan_new(files, manifest, dst, include, exclude)
         marks = tuple((f, identity_mark(identities[f])) for f in files)
         packs = plan_packs(
             source.items,
@@ -290,7 +294,13 @@ def _already_in_store(
     return seen
 
 
-def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
+def _plan_new(
+    files: list[str],
+    manifest: Manifest,
+    dst: str,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+) -> SourcePlan:
     """The new items, named as the store names its items, checked against it."""
     # Named as the conversion named the store's items: by <file stem>/<group> when it
     # was made from several files.  The files appended since do not count: else the
@@ -301,7 +311,16 @@ def _plan_new(files: list[str], manifest: Manifest, dst: str) -> SourcePlan:
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
     dataset_items = manifest.extra.get("dataset_items")  # as the conversion read its files
     casts = manifest.extra.get("dtypes")  # new items are cast as the store's were
-    source = plan(files, rates, axes, optional=True, dataset_items=dataset_items, casts=casts)
+    source = plan(
+        files,
+        rates,
+        axes,
+        optional=True,
+        dataset_items=dataset_items,
+        casts=casts,
+        include=list(include or []),
+        exclude=list(exclude or []),
+    )
     prefix = stems(files) if made_from > 1 else None
     for it in source.items:
         it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group

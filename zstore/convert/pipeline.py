@@ -162,6 +162,8 @@ def convert(
     pack_seconds: float = PACK_SECONDS,
     dataset_items: str | None = None,
     dtypes: Mapping[str, str] | None = None,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
 ) -> ConvertReport:
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
 
@@ -203,6 +205,9 @@ def convert(
         dtypes: per float array, the float dtype the store keeps, e.g.
             ``{"wav": "float32"}`` for float64 audio, or for groups of float32 and
             float64 alike: values are cast (to nearest) before they are encoded.
+        include, exclude: shell-style patterns (``"spk*/utt*"``, ``"meta"``) of the items
+            to take, and of those to leave out, matched against each item's group path
+            (and its name in the store); the report counts those left out.
 
     Rerunning after a crash resumes: finished items are kept, the rest are written.
     Rerunning on a finished store of the same source and options does nothing.
@@ -231,10 +236,23 @@ def convert(
     casts = {n: str(d) for n, d in sorted((dtypes or {}).items())}
     if casts:
         options["dtypes"] = casts
+    chosen = {"include": list(include or []), "exclude": list(exclude or [])}
+    for key, patterns in chosen.items():
+        if patterns:  # absent otherwise, as precision
+            options[key] = patterns
     wanted = workers or os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         pool = None if dask is not None else stack.enter_context(local_pool(wanted))
-        source = plan(files, rates, axes, pool=pool, dataset_items=dataset_items, casts=casts)
+        source = plan(
+            files,
+            rates,
+            axes,
+            pool=pool,
+            dataset_items=dataset_items,
+            casts=casts,
+            include=chosen["include"],
+            exclude=chosen["exclude"],
+        )
         source.arrays = with_precision(with_dtypes(source), _dtypes(source), stated, src)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)

@@ -56,6 +56,8 @@ class SourcePlan:
     items: list[SourceItem]
     arrays: dict[str, ArrayInfo]
     skipped: list[str] = field(default_factory=list)  # "item/array: why"
+    #: those of ``skipped`` left out as asked (``--include``/``--exclude``): not warned of
+    chosen: list[str] = field(default_factory=list)
 
 
 def identity_of(fd: int) -> tuple[int, int, int]:
@@ -320,7 +322,7 @@ def plan(
 
     dims = dimension_names(items, arrays)
     arrays = {n: dataclasses.replace(a, dims=dims.get(n)) for n, a in arrays.items()}
-    return SourcePlan(items, arrays, skipped)
+    return SourcePlan(items, arrays, skipped, unselected)
 
 
 def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str) -> None:

@@ -316,11 +316,12 @@ def _convert(
             f"{dst}: cannot create the store there ({e}); choose a writable destination"
         ) from None
     total_src = sum(it.nbytes for it in source.items)
-    for s in source.skipped[:MAX_WARNINGS]:
+    unasked = [s for s in source.skipped if s not in source.chosen]
+    for s in unasked[:MAX_WARNINGS]:
         warnings.warn(f"{job.src}: skipping {s}", stacklevel=3)
-    if len(source.skipped) > MAX_WARNINGS:
+    if len(unasked) > MAX_WARNINGS:
         warnings.warn(
-            f"{job.src}: skipping {len(source.skipped) - MAX_WARNINGS} more kinds of "
+            f"{job.src}: skipping {len(unasked) - MAX_WARNINGS} more kinds of "
             "things; the report lists them, and 'zstore info --json DST' once converted",
             stacklevel=3,
         )

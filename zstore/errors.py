@@ -7,6 +7,16 @@ fault and say what to do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+
+def some_names(names: Sequence[str], count: int | None = None, at_most: int = 5) -> str:
+    """The first ``at_most`` of ``names`` quoted, and how many more of ``count`` (all
+    of ``names`` when None; a caller may pass only the first few), for a message."""
+    count = len(names) if count is None else count
+    shown = ", ".join(repr(n) for n in names[:at_most])
+    return shown + (f" and {count - at_most} more" if count > at_most else "")
+
 
 class ZstoreError(Exception):
     """Base class of every error zstore raises on purpose."""

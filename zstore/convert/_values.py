@@ -16,7 +16,7 @@ import numpy as np
 from zstore.convert._casts import cast_text, cast_values
 from zstore.convert._fields import source_dataset
 from zstore.convert._source import SourceItem, open_source
-from zstore.errors import SourceError
+from zstore.errors import SourceError, some_names
 from zstore.format import (
     ArrayInfo,
     Precision,
@@ -67,11 +67,9 @@ class ArrayTally:
         if not self.nonfinite:
             return None
         names = sorted(set(self.nonfinite_items))
-        shown = ", ".join(f"'{n}'" for n in names[:3]) + (
-            f" and {len(names) - 3} more" if len(names) > 3 else ""
-        )
         return (
-            f"{self.nonfinite} NaN or infinite value(s) in {len(names)} item(s) ({shown}), "
+            f"{self.nonfinite} NaN or infinite value(s) in {len(names)} item(s) "
+            f"({some_names(names, at_most=3)}), "
             "stored as they are: a window over them gives training NaN or inf"
         )
 

@@ -31,7 +31,7 @@ from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
 from zstore.convert._values import value_lines, warn_nonfinite, with_tally
 from zstore.convert.pipeline import plain, with_dtypes
-from zstore.errors import SourceError, StoreFormatError
+from zstore.errors import SourceError, StoreFormatError, some_names
 from zstore.format import (
     ArrayMetas,
     Manifest,
@@ -348,9 +348,8 @@ def _plan_new(
     existing = set(manifest.items)
     clash = [it.name for it in source.items if it.name in existing]
     if clash:
-        more = f" and {len(clash) - 3} more" if len(clash) > 3 else ""
         raise SourceError(
-            f"{dst}: item(s) {', '.join(repr(c) for c in clash[:3])}{more} are "
+            f"{dst}: item(s) {some_names(clash, at_most=3)} are "
             "in the store already; nothing was written. Rename the groups, or "
             "append other files"
         )

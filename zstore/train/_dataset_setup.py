@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zstore.errors import ConfigError
+from zstore.errors import ConfigError, some_names
 from zstore.format import scale
 from zstore.read import WindowReader
-from zstore.train._item_lists import some_names
 from zstore.train._window_draw import usable_items
 
 #: The largest window of one field that a dataset accepts (beyond it, every item would

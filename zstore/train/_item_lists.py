@@ -7,26 +7,17 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from zstore.errors import ConfigError
+from zstore.errors import ConfigError, some_names
 from zstore.read import WindowReader
 
 ITEM_LIST_FORMS = (
     "a text file with one item name per line ('#' comments), a JSON list of names, or a "
     "pickled list or tuple of names"
 )
-
-
-def some_names(names: Sequence[str], count: int | None = None, at_most: int = 5) -> str:
-    """The first ``at_most`` of ``names`` quoted, and how many more of ``count`` (all
-    of ``names`` when None; a caller may pass only the first few), for a message."""
-    count = len(names) if count is None else count
-    shown = ", ".join(repr(n) for n in names[:at_most])
-    return shown + (f" and {count - at_most} more" if count > at_most else "")
 
 
 def read_item_list(path: str) -> list[str]:

@@ -12,11 +12,11 @@ import numpy as np
 import torch
 
 from zstore.cache import CacheConfig, as_cache_config
-from zstore.errors import ConfigError
+from zstore.errors import ConfigError, some_names
 from zstore.format import Span, scale
 from zstore.read import WindowReader
 from zstore.train._dataset_setup import DatasetSetup
-from zstore.train._item_lists import select_items, some_names
+from zstore.train._item_lists import select_items
 from zstore.train._window_draw import Window, window_for
 
 

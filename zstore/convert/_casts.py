@@ -26,8 +26,9 @@ def apply_casts(
     items: list[SourceItem], casts: dict[str, str], where: str, optional: bool = False
 ) -> None:
     """Check ``casts`` ({array: dtype}) against the scanned ``items`` and make each
-    item's array of that name the cast dtype (read through HDF5's conversion, never as
-    the file's raw bytes).  ``optional``: the items may lack a cast array (an append)."""
+    item's array of that name the cast dtype, the file's kept in ``cast_from`` (read in
+    it, then cast by :func:`cast_values`).  ``optional``: the items may lack a cast
+    array (an append)."""
     names = sorted({n for it in items for n in it.shapes})
     for name, target in casts.items():
         if name not in names and optional:
@@ -71,9 +72,10 @@ def cast_values(dtype: str | None, data: np.ndarray, what: str = "the array") ->
     top = float(np.finfo(target).max)
     if target.itemsize < data.dtype.itemsize and data.size:
         finite = data[np.isfinite(data)]
-        if finite.size and float(np.abs(finite).max()) > top:
+        largest = float(np.abs(finite).max()) if finite.size else 0.0
+        if largest > top:
             raise SourceError(
-                f"{what} holds values up to {float(np.abs(finite).max()):g}, beyond "
+                f"{what} holds values up to {largest:g}, beyond "
                 f"{target.name}'s range (±{top:g}): cast, they would become infinities; "
                 f"leave --dtype out for this array"
             )

@@ -71,10 +71,6 @@ class Job:
     marks: tuple[tuple[str, str], ...] = ()
     #: the pack groups packed items are written into (as the plan leaves them)
     packs: tuple[PackGroup, ...] = ()
-    #: the array name of a file of one dataset per recording (``convert(dataset_items=)``)
-    dataset_items: str | None = None
-    #: (array, float dtype) the store keeps (``convert(dtypes=)``; :mod:`._casts`)
-    casts: tuple[tuple[str, str], ...] = ()
 
     def mark(self, source: str) -> str | bool:
         return dict(self.marks).get(source, True)

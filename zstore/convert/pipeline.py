@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 #: an older zstore began is not resumed with another layout.  2: every chunk is written;
 #: 3: chunks of small arrays hold at least MIN_CHUNK_BYTES.
 LAYOUT = 3
+#: options of a conversion that its manifest keeps for appends (absent when not given)
+APPEND_KEEPS = ("dataset_items", "dtypes")
 
 
 def check_destination(dst: str, storage_options: dict[str, Any] | None) -> None:
@@ -269,8 +271,6 @@ def convert(
             chunk_seconds,
             codec,
             packs=tuple(packs.groups),
-            dataset_items=dataset_items,
-            casts=tuple(casts.items()),
         )
         stack.enter_context(store_lock(dst, storage_options))  # one writer at a time
         return _convert(
@@ -373,8 +373,8 @@ def _manifest(
         codec=job.codec,
         chunk_seconds=job.chunk_seconds,
         extra={
-            **({"dataset_items": job.dataset_items} if job.dataset_items else {}),
-            **({"dtypes": dict(job.casts)} if job.casts else {}),
+            # what an append must read its files as: kept from the conversion's options
+            **{k: v for k, v in fingerprint["options"].items() if k in APPEND_KEEPS},
             "pack_seconds": packs.seconds,
             "fingerprint": fingerprint,
             "store_bytes": nbytes,

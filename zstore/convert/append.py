@@ -94,34 +94,18 @@ def append(
                 f"{dst}: no finished zstore store to append to; convert "
                 f"the first files without --append ({e})"
             ) from None
-        _check_options_agree(dst, manifest, rates, axes, codec, chunk_seconds, precision)
-        has = float(manifest.extra.get("pack_seconds", 0.0))
-        if pack_seconds is not None and float(pack_seconds) != has:
-            raise SourceError(
-                f"{dst}: --pack-seconds {pack_seconds:g} was given, but the store packs "
-                f"items of at most {has:g} s; an append keeps the store's options: leave "
-                "it out, or convert these files to a new store"
-            )
-        cast = manifest.extra.get("dtypes", {})
-        if dtypes is not None and {n: str(d) for n, d in dtypes.items()} != cast:
-            raise SourceError(
-                f"{dst}: --dtype {dict(dtypes)} was given, but the store casts "
-                f"{cast or 'no array'}; an append keeps the store's options (it casts new "
-                "items as the store's were): leave it out, or convert these files to a new "
-                "store"
-            )
-        made = manifest.extra.get("dataset_items")
-        if dataset_items is not None and dataset_items != made:
-            raise SourceError(
-                f"{dst}: --dataset-items {dataset_items} was given, but the store's items "
-                + (
-                    f"are datasets holding '{made}'"
-                    if made
-                    else "are groups (converted without --dataset-items)"
-                )
-                + "; an append keeps the store's options: leave it out, or convert these "
-                "files to a new store"
-            )
+        _check_options_agree(
+            dst,
+            manifest,
+            rates,
+            axes,
+            codec,
+            chunk_seconds,
+            precision,
+            pack_seconds=pack_seconds,
+            dtypes=dtypes,
+            dataset_items=dataset_items,
+        )
         identities = {f: file_identity(f) for f in files}
         seen = _already_in_store(files, identities, manifest, dst)
         files = [f for f in files if f not in seen]
@@ -144,7 +128,7 @@ def append(
             manifest.arrays,
             manifest.codec,
             manifest.chunk_seconds,
-            has,  # stores made before packing: 0
+            float(manifest.extra.get("pack_seconds", 0.0)),  # stores made before packing: 0
             manifest.packs,
         )
         job = Job(
@@ -204,9 +188,13 @@ def _check_options_agree(
     codec: str | None,
     chunk_seconds: float | None,
     precision: dict[str, int | str] | None = None,
+    *,
+    pack_seconds: float | None = None,
+    dtypes: Mapping[str, str] | None = None,
+    dataset_items: str | None = None,
 ) -> None:
-    """Options given with an append must be the store's own (its precision too: new
-    items are rounded as its items were)."""
+    """Options given with an append must be the store's own (its precision and casts
+    too: new items are rounded and cast as its items were)."""
 
     def refuse(given: str, has: str) -> None:
         raise SourceError(
@@ -217,6 +205,23 @@ def _check_options_agree(
 
     if codec is not None and codec != manifest.codec:
         refuse(f"--codec {codec}", f"codec {manifest.codec}")
+    packs = float(manifest.extra.get("pack_seconds", 0.0))
+    if pack_seconds is not None and float(pack_seconds) != packs:
+        refuse(f"--pack-seconds {pack_seconds:g}", f"items packed of at most {packs:g} s")
+    cast = manifest.extra.get("dtypes", {})
+    if dtypes is not None and {n: str(d) for n, d in dtypes.items()} != cast:
+        refuse(
+            f"--dtype {dict(dtypes)}",
+            f"casts of {cast or 'no array'} (new items are cast as its items were)",
+        )
+    made = manifest.extra.get("dataset_items")
+    if dataset_items is not None and dataset_items != made:
+        refuse(
+            f"--dataset-items {dataset_items}",
+            f"items that are datasets holding '{made}'"
+            if made
+            else "items that are groups (converted without --dataset-items)",
+        )
     if chunk_seconds is not None and float(chunk_seconds) != float(manifest.chunk_seconds):
         refuse(f"--chunk-seconds {chunk_seconds:g}", f"{manifest.chunk_seconds:g} s chunks")
     for name, rate in (rates or {}).items():

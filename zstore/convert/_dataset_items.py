@@ -27,16 +27,17 @@ def dataset_items(
     """Every numeric dataset of ``found`` as an item named by its path, holding one
     array ``name``: the dataset itself (:data:`zstore.convert._fields.ITSELF`), its
     attributes the item's."""
-    items, skipped = [], []
-    numeric = [d for d in found if d[2].kind in NUMERIC_KINDS and not d[2].names]
+    items, skipped, numeric = [], [], []
+    for full, shape, dtype in found:
+        if dtype.kind in NUMERIC_KINDS and not dtype.names:
+            numeric.append((full, shape, dtype))
+        else:
+            skipped.append(f"{full}: non-numeric dtype {dtype}")
     # the recordings' number of dimensions: most datasets have it (a scalar sample rate
     # or a metadata table beside them is not a recording)
     ndims = Counter(len(shape) for _, shape, _ in numeric)
     ndim = max(ndims, key=lambda n: (ndims[n], n)) if ndims else 0
-    for full, shape, dtype in found:
-        if dtype.kind not in NUMERIC_KINDS or dtype.names:
-            skipped.append(f"{full}: non-numeric dtype {dtype}")
-            continue
+    for full, shape, dtype in numeric:
         if len(shape) != ndim:
             skipped.append(
                 f"{full}: {len(shape)}-d, where {ndims[ndim]} dataset(s) are {ndim}-d "

@@ -16,19 +16,22 @@ import h5py
 
 from zstore.errors import SourceError
 
-_LOADED = False
+#: whether hdf5plugin's filters are registered in this process (None: not tried yet)
+_LOADED: bool | None = None
 
 
-def load_filters() -> None:
-    """Register hdf5plugin's filters with HDF5 when hdf5plugin is installed (once)."""
+def load_filters() -> bool:
+    """Register hdf5plugin's filters with HDF5 when hdf5plugin is installed (tried once);
+    whether they are."""
     global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    try:
-        import hdf5plugin  # noqa: F401  (registers its filters on import)
-    except ImportError:
-        pass
+    if _LOADED is None:
+        try:
+            import hdf5plugin  # noqa: F401  (registers its filters on import)
+
+            _LOADED = True
+        except ImportError:
+            _LOADED = False
+    return _LOADED
 
 
 def missing_filters(f: Any, path: str) -> list[str]:
@@ -52,15 +55,12 @@ def read_failure(source: str, f: Any, path: str, error: BaseException) -> Source
     when that is why; else a truncated or corrupt file."""
     lacking = missing_filters(f, path)
     if lacking:
-        try:
-            import hdf5plugin  # noqa: F401
-
-            what = (
-                "which neither h5py nor hdf5plugin provides here: install the filter's HDF5 "
-                "plugin and set HDF5_PLUGIN_PATH to its directory"
-            )
-        except ImportError:
-            what = "which h5py lacks: pip install hdf5plugin (zstore loads it when installed)"
+        what = (
+            "which neither h5py nor hdf5plugin provides here: install the filter's HDF5 "
+            "plugin and set HDF5_PLUGIN_PATH to its directory"
+            if load_filters()
+            else "which h5py lacks: pip install hdf5plugin (zstore loads it when installed)"
+        )
         return SourceError(
             f"{source}: '{path}' is compressed with the HDF5 filter {', '.join(lacking)}, "
             f"{what}; then convert again"

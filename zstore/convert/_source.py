@@ -60,10 +60,11 @@ class SourcePlan:
     chosen: list[str] = field(default_factory=list)
 
 
-def identity_of(fd: int) -> tuple[int, int, int]:
-    """The (size, mtime_ns, inode) of an open file: what :attr:`SourceItem.identity`
-    records, so the file is read at the scan's offsets only while it is unchanged."""
-    st = os.fstat(fd)
+def identity_of(file: int | str) -> tuple[int, int, int]:
+    """The (size, mtime_ns, inode) of an open file (its descriptor) or of a path: what
+    :attr:`SourceItem.identity` records, so the file is read at the scan's offsets only
+    while it is unchanged."""
+    st = os.stat(file)
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
@@ -79,8 +80,7 @@ def check_unchanged(items: list[SourceItem], again: str) -> None:
             scanned.setdefault(it.source, it.identity)
     for path, was in scanned.items():
         try:
-            st = os.stat(path)
-            now: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ino)
+            now: tuple[int, int, int] | None = identity_of(path)
         except OSError:
             now = None
         if now != was:

@@ -119,6 +119,36 @@ def test_a_rerun_of_a_finished_append_adds_nothing_and_says_so(tmp_path):
     assert len(manifest_of(dst).items) == 5
 
 
+def test_a_file_appended_again_under_another_name_adds_nothing(tmp_path):
+    """A link (symbolic or hard) to a file the store holds, in the conversion's files or
+    an append's, is that file: its items are not added twice under the link's stem."""
+    dst = base_store(tmp_path)
+    new = write_h5(tmp_path / "new.h5", speech(2, [1.0, 1.5]))
+    (tmp_path / "links").mkdir()
+    # made before the append: a new hard link changes the file's ctime, which an append
+    # takes for a change of the file
+    (tmp_path / "links" / "new_hard.h5").hardlink_to(new)
+    zstore.append(new, dst, workers=1, progress=False)
+    items = list(manifest_of(dst).items)
+    before = snapshot(dst)
+    (tmp_path / "links" / "base_again.h5").symlink_to(tmp_path / "base.h5")
+    proc = cli("convert", str(tmp_path / "links"), str(dst), "--append", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "already in the store" in proc.stdout and "base_again.h5" in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert any(
+        line.startswith("zstore: warning: ") and "new_hard.h5: the same file as" in line
+        for line in lines
+    ), proc.stderr
+    assert sum("the same file as" in line for line in lines) == 2, proc.stderr
+    assert list(manifest_of(dst).items) == items and snapshot(dst) == before
+    # changed since it was added, the link is refused as the file itself is
+    write_h5(new, speech(9, [1.0, 2.0]))
+    proc = cli("convert", str(tmp_path / "links" / "new_hard.h5"), str(dst), "--append")
+    assert proc.returncode == 2 and "nothing was written" in proc.stderr, proc.stderr
+    assert snapshot(dst) == before
+
+
 def test_an_append_of_a_file_changed_since_it_was_added_is_refused(tmp_path):
     dst = base_store(tmp_path)
     new = tmp_path / "new.h5"

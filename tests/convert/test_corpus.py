@@ -214,3 +214,46 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+def test_a_directory_leaves_out_hidden_files_and_reads_each_file_once(tmp_path):
+    """As copied in from elsewhere: macOS AppleDouble files (``._a.h5``) and a hidden
+    directory are not HDF5 sources of the corpus, and a link to a file already listed
+    (a symbolic or hard link under another name) would add its recordings twice."""
+    data = corpus_files(tmp_path)
+    corpus = tmp_path / "corpus"
+    (corpus / "._a.h5").write_bytes(b"\x00\x05\x16\x07" + bytes(100))  # AppleDouble
+    (corpus / ".ipynb_checkpoints").mkdir()
+    write_h5(corpus / ".ipynb_checkpoints" / "d.h5", {"x": {"wav": np.zeros((1, 3200), "f4")}})
+    (corpus / "day2" / "again.h5").symlink_to(corpus / "a.h5")
+    (corpus / "hard.h5").hardlink_to(corpus / "b.hdf5")
+    dst = tmp_path / "s.zarr"
+    with pytest.warns(UserWarning) as caught:
+        report = zstore.convert(
+            corpus, dst, rates={"wav": 16000}, workers=1, progress=False, pack_seconds=0
+        )
+    said = [str(w.message) for w in caught]
+    assert any("again.h5" in s and "a.h5" in s and "the same file" in s for s in said), said
+    assert any("hard.h5" in s and "b.hdf5" in s for s in said), said
+    assert sorted(manifest_of(dst).items) == ["a/rec0", "a/rec1", "b/rec0", "c/spk/rec9"]
+    assert report.items == 4 and len(report.sources) == 3
+    root = zarr.open_group(dst, mode="r")
+    assert np.array_equal(root["a/rec1/wav"][...], data["a"]["rec1"]["wav"])
+    # a hidden file named on its own is read: it was asked for
+    write_h5(tmp_path / ".one.h5", {"x": {"wav": np.ones((1, 3200), "f4")}})
+    zstore.convert(
+        tmp_path / ".one.h5", tmp_path / "h.zarr", rates={"wav": 16000}, workers=1, progress=False
+    )
+    assert list(manifest_of(tmp_path / "h.zarr").items) == ["x"]
+
+
+def test_every_unreadable_source_named_at_once(tmp_path):
+    corpus_files(tmp_path)
+    corpus = tmp_path / "corpus"
+    (corpus / "empty.h5").write_bytes(b"")
+    (corpus / "day2" / "cut.h5").write_bytes((corpus / "a.h5").read_bytes()[:1000])
+    proc = zstore_cli("convert", str(corpus), str(tmp_path / "s.zarr"), "--rate", "wav=16000")
+    assert proc.returncode == 2
+    assert "2 of 5 sources cannot be converted" in proc.stderr, proc.stderr
+    assert "empty.h5: the file is empty" in proc.stderr and "cut.h5: cannot be read" in proc.stderr
+    assert not (tmp_path / "s.zarr").exists()

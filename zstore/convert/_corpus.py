@@ -20,7 +20,13 @@ SUFFIXES = (".h5", ".hdf5")
 
 def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]:
     """Files, directories (every ``*.h5`` / ``*.hdf5`` below them) and glob patterns,
-    in a stable order, each file once."""
+    in a stable order, each file once.
+
+    A directory's hidden files and directories (names starting with ``.``: macOS's
+    ``._x.h5`` AppleDouble files, ``.ipynb_checkpoints``, ``.snapshot``) are left out,
+    as the shell's and :mod:`glob`'s patterns leave them out; a hidden file named on
+    its own is read.  A file reached under a second name (a symbolic or hard link to a
+    file already listed) is read once, with a warning naming both."""
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not given:
         raise SourceError(
@@ -32,7 +38,11 @@ def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]
             out.append(src)
         elif os.path.isdir(src):
             found = sorted(
-                str(p) for p in Path(src).rglob("*") if p.suffix.lower() in SUFFIXES and p.is_file()
+                str(p)
+                for p in Path(src).rglob("*")
+                if p.suffix.lower() in SUFFIXES
+                and not any(part.startswith(".") for part in p.relative_to(src).parts)
+                and p.is_file()
             )
             if not found:
                 raise SourceError(f"{src}: a directory with no *.h5 or *.hdf5 file below it")
@@ -44,7 +54,32 @@ def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]
             out += found
         else:
             out.append(src)
-    return list(dict.fromkeys(out))  # each file once, first place kept
+    return _once(list(dict.fromkeys(out)))  # each file once, first place kept
+
+
+def _once(files: list[str]) -> list[str]:
+    """``files`` without a local file reached again under another name (a link)."""
+    import warnings
+
+    seen: dict[tuple[int, int], str] = {}
+    out = []
+    for f in files:
+        try:
+            st = None if is_url(f) else os.stat(f)
+        except OSError:  # named on its own and missing: opening it says so
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) in seen:
+            first = seen[(st.st_dev, st.st_ino)]
+            warnings.warn(
+                f"{f}: the same file as {first} (a link to it); its items are read once, "
+                f"from {first}",
+                stacklevel=3,
+            )
+            continue
+        if st is not None:
+            seen[(st.st_dev, st.st_ino)] = f
+        out.append(f)
+    return out
 
 
 def stems(files: list[str]) -> dict[str, str]:

@@ -50,7 +50,9 @@ class ConvertReport:
             + (f"; {self.packed} packed into shared arrays" if self.packed else ""),
             f"source: {format_size(self.source_bytes)}, store: {format_size(self.store_bytes)}"
             + (
-                f" ({self.ratio:.2f}x)"
+                ""  # nothing read: an append of files the store holds already
+                if not self.source_bytes
+                else f" ({self.ratio:.2f}x)"
                 if self.added_bytes is None
                 else f", {format_size(self.added_bytes)} of it added ({self.ratio:.2f}x)"
             )

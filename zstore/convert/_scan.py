@@ -38,6 +38,8 @@ Link = tuple[bytes, int, Row]
 SHARED_BYTES = 16 * 2**20
 #: the file's root-level links are shared out in about this many tasks
 SHARED_TASKS = 32
+#: sources whose failure a corpus's one error lists in full (the rest are counted)
+MAX_FAILED = 10
 
 
 def scan_all(
@@ -51,12 +53,24 @@ def scan_all(
     prefix = stems(files)
     items: list[SourceItem] = []
     skipped: list[str] = []
+    failed: list[str] = []  # every file that cannot be converted, named in one error
     for f in files:
-        found, left = scan(f, pool, dataset_items)
+        try:
+            found, left = scan(f, pool, dataset_items)
+        except SourceError as e:
+            failed.append(str(e))
+            continue
         for it in found:
             it.name = f"{prefix[f]}/{it.group}"
         items += found
         skipped += [f"{prefix[f]}:{s}" for s in left]
+    if failed:
+        shown = "".join(f"\n  {m}" for m in failed[:MAX_FAILED])
+        more = f"\n  and {len(failed) - MAX_FAILED} more" if len(failed) > MAX_FAILED else ""
+        raise SourceError(
+            f"{len(failed)} of {len(files)} sources cannot be converted; fix or re-copy "
+            f"them, or leave them out of the sources given:{shown}{more}"
+        )
     items.sort(key=lambda it: it.name)
     return items, skipped
 

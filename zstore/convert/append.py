@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,7 +45,7 @@ from zstore.format import (
     read_manifest,
     shape_rows,
 )
-from zstore.urls import store_bytes
+from zstore.urls import is_url, store_bytes
 
 
 def append(
@@ -286,9 +287,19 @@ def _already_in_store(
     for f in files:
         name = source_name(f)
         if name not in names and name not in recorded:
-            continue
+            linked = _linked_from(f, identities[f], recorded)
+            if linked is None:
+                continue
+            name = linked
+            warnings.warn(
+                f"{f}: the same file as {name} (a link to it), which {dst} holds already; "
+                "its items are not added again",
+                stacklevel=3,
+            )
         was, now = recorded.get(name), identities[f]
-        if was is not None and any(now.get(k) != v for k, v in was.items() if k in now):
+        if was is not None and any(
+            now.get(k) != v for k, v in was.items() if k in now and k != "source"
+        ):
             raise SourceError(
                 f"{f}: this file's items were added to {dst} before, and the file has "
                 "changed since (size or version); nothing was written. To replace those "
@@ -297,6 +308,25 @@ def _already_in_store(
             )
         seen.append(f)
     return seen
+
+
+def _linked_from(
+    f: str, identity: dict[str, Any], recorded: dict[str, dict[str, Any]]
+) -> str | None:
+    """The name under which the store recorded the local file ``f``, reached now under
+    another name (a symbolic or hard link); None if it has none.  Only recorded files
+    of ``f``'s size are looked at on disk."""
+    if is_url(f):
+        return None
+    for name, entry in recorded.items():
+        if entry.get("size") != identity.get("size") or is_url(name):
+            continue
+        try:
+            if os.path.samefile(name, f):
+                return name
+        except OSError:  # moved or deleted since it was converted
+            continue
+    return None
 
 
 def _plan_new(

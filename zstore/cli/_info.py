@@ -138,6 +138,12 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
     info["dataset_items"] = made_of
     if made_of:
         lines.append(f"items: the source's datasets, each the array '{made_of}' (--dataset-items)")
+    info["subgroups"] = manifest.extra.get("subgroups", "items")
+    if info["subgroups"] == "arrays":
+        lines.append(
+            "items: groups inside an item's group hold arrays of it, named "
+            "<subgroup>.<dataset> (--subgroups arrays)"
+        )
     per_item = objects / max(1, len(manifest.items))
     lines.append(
         f"packed: {packed} of {len(manifest.items)} items "

@@ -136,6 +136,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 dtypes=_pairs(args.dtype, "--dtype", example="wav=float32") or None,
                 include=args.include,
                 exclude=args.exclude,
+                subgroups=args.subgroups,
             )
         )
         return 0
@@ -158,6 +159,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         dtypes=_pairs(args.dtype, "--dtype", example="wav=float32"),
         include=args.include,
         exclude=args.exclude,
+        subgroups=args.subgroups or "items",
     )
     print(report)
     return 0
@@ -421,6 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="for a file of one dataset per recording (/utt0, /audio/utt1, ...) rather "
         "than one group: every numeric dataset is an item, named by its path, holding "
         "one array NAME (e.g. wav)",
+    )
+    p.add_argument(
+        "--subgroups",
+        choices=["items", "arrays"],
+        default=None,
+        help="a group holding datasets inside another such group (/utt0/audio beside "
+        "/utt0/feats/mfcc): 'items' (default) makes it an item of its own; 'arrays' "
+        "makes its datasets arrays of the outer item, named feats.mfcc",
     )
     p.add_argument("--workers", type=int, default=None, help="parallel processes (CPU count)")
     p.add_argument(

@@ -61,8 +61,12 @@ ITSELF = ("", "")
 def source_dataset(group: Any, fields: dict[str, tuple[str, str]], name: str) -> Any:
     """Array ``name`` of an HDF5 ``group``: its dataset, or a :class:`FieldView` where
     ``fields`` (the item's) says it is a compound dataset's field; the item's object
-    itself where they say :data:`ITSELF`."""
+    itself where they say :data:`ITSELF`; the dataset at a path below the group where
+    they give one with no field (a subgroup's dataset, :mod:`zstore.convert._subgroups`)."""
     where = fields.get(name)
-    if where == ITSELF:
-        return group
-    return group[name] if where is None else FieldView(group[where[0]], where[1])
+    if where is None:
+        return group[name]
+    dataset, field = where
+    if not field:  # a dataset at another path below the group (or the group itself)
+        return group[dataset] if dataset else group
+    return FieldView(group[dataset], field)

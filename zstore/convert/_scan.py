@@ -21,6 +21,7 @@ import numpy as np
 from zstore.convert._dataset_items import dataset_items as _dataset_items
 from zstore.convert._fields import SEPARATOR, numeric_fields
 from zstore.convert._source import NUMERIC_KINDS, SourceItem, identity_of, open_source
+from zstore.convert._subgroups import merge_subgroups, nested_items
 from zstore.errors import SourceError
 from zstore.urls import is_url
 
@@ -43,20 +44,23 @@ MAX_FAILED = 10
 
 
 def scan_all(
-    files: list[str], pool: Any = None, dataset_items: str | None = None
+    files: list[str],
+    pool: Any = None,
+    dataset_items: str | None = None,
+    subgroups: str = "items",
 ) -> tuple[list[SourceItem], list[str]]:
     """The items of every file; with several, named ``<file stem>/<group path>``."""
     from zstore.convert._corpus import stems
 
     if len(files) == 1:
-        return scan(files[0], pool, dataset_items)
+        return scan(files[0], pool, dataset_items, subgroups)
     prefix = stems(files)
     items: list[SourceItem] = []
     skipped: list[str] = []
     failed: list[str] = []  # every file that cannot be converted, named in one error
     for f in files:
         try:
-            found, left = scan(f, pool, dataset_items)
+            found, left = scan(f, pool, dataset_items, subgroups)
         except SourceError as e:
             failed.append(str(e))
             continue
@@ -76,12 +80,17 @@ def scan_all(
 
 
 def scan(
-    src: str | os.PathLike[str], pool: cf.Executor | None = None, dataset_items: str | None = None
+    src: str | os.PathLike[str],
+    pool: cf.Executor | None = None,
+    dataset_items: str | None = None,
+    subgroups: str = "items",
 ) -> tuple[list[SourceItem], list[str]]:
     """List the items of ``src`` and what is left out, with why: non-numeric datasets,
     external and dangling links, and groups reached under a second name (aliases).
     With ``dataset_items`` (an array name), every numeric dataset is an item of its own
     holding one array of that name (a file of one dataset per recording).
+    ``subgroups``: whether groups inside an item's group are items of their own
+    (``"items"``) or hold arrays of that item (``"arrays"``; :mod:`zstore.convert._subgroups`).
 
     Uses h5py's low-level API: one visit of the file's links, then each object's header
     opened once (about 4x faster than the high-level ``visititems``, which builds a
@@ -140,6 +149,9 @@ def scan(
             skipped.append(f"{group}/{key}: non-numeric dtype {dtype}")
         else:
             groups.setdefault(group, []).append((key, shape, dtype))
+    nested_items(path, set(groups), subgroups)
+    if subgroups == "arrays":
+        merge_subgroups(groups, split, skipped)
     for name, arrays in groups.items():
         arrays.sort(key=lambda a: a[0])
         where = {k: direct.get(f"{name}/{k}") for k, _, _ in arrays}

@@ -42,8 +42,10 @@ class SourceItem:
     #: the file's (size, mtime_ns, inode) when ``offsets`` were found: they are used
     #: only while the file is unchanged
     identity: tuple[int, int, int] | None = None
-    #: arrays that are fields of a compound dataset: name -> (dataset, field)
-    #: (:mod:`zstore.convert._fields`)
+    #: arrays that are not a dataset of the group by their own name: name -> (dataset
+    #: path below the group, field): a compound dataset's field
+    #: (:mod:`zstore.convert._fields`), or a field-less subgroup's dataset
+    #: (:mod:`zstore.convert._subgroups`)
     fields: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: arrays cast to another dtype (``dtypes`` now says it): their dtype in the file
     cast_from: dict[str, np.dtype] = field(default_factory=dict)
@@ -215,6 +217,7 @@ def plan(
     casts: dict[str, str] | None = None,
     include: list[str] | None = None,
     exclude: list[str] | None = None,
+    subgroups: str = "items",
 ) -> SourcePlan:
     """Scan the source file(s) and decide the rate of every array; raise on
     contradictions.  ``pool``: worker processes that may share the scan of a large
@@ -225,6 +228,8 @@ def plan(
     then an item holding that one array (a file of one dataset per recording).
     ``casts``: {array: float dtype} the store keeps (:mod:`zstore.convert._casts`).
     ``include``/``exclude``: patterns of the items taken (:mod:`zstore.convert._select`).
+    ``subgroups``: groups inside an item's group are ``"items"`` of their own or hold
+    ``"arrays"`` of it (:mod:`zstore.convert._subgroups`).
 
     A time axis is a claim: an array gets a rate when ``rates`` gives it, or when it has
     the same whole-number length ratio to a given one in items of at least two lengths
@@ -236,7 +241,7 @@ def plan(
     from zstore.convert._select import select
     from zstore.convert._skipped import summarize
 
-    items, left = scan_all(files, pool, dataset_items)
+    items, left = scan_all(files, pool, dataset_items, subgroups)
     items, unselected = select(items, include, exclude, path)
     skipped = summarize(left) + unselected  # one line per kind of thing left out
     if casts:

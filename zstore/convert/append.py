@@ -67,14 +67,15 @@ def append(
     dtypes: Mapping[str, str] | None = None,
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
+    subgroups: str | None = None,
 ) -> ConvertReport:
     """Add the items of ``src`` (files, directories, globs) to the store at ``dst``;
     ``dask`` (a client or scheduler address) runs the items on a Dask cluster.
 
     The store keeps its codec, chunking, rates, time axes and stated precisions (new
     items are rounded as the store's were): ``rates``, ``time_axis``, ``codec``,
-    ``chunk_seconds``, ``precision``, ``pack_seconds``, ``dataset_items`` and
-    ``dtypes`` may be given only to state what the store has
+    ``chunk_seconds``, ``precision``, ``pack_seconds``, ``dataset_items``,
+    ``subgroups`` and ``dtypes`` may be given only to state what the store has
     (anything else is refused before anything is written), and so are new arrays whose
     dtype or number of dimensions differ from the store's.  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
@@ -106,6 +107,7 @@ def append(
             pack_seconds=pack_seconds,
             dtypes=dtypes,
             dataset_items=dataset_items,
+            subgroups=subgroups,
         )
         identities = {f: file_identity(f) for f in files}
         seen = _already_in_store(files, identities, manifest, dst)
@@ -193,6 +195,7 @@ def _check_options_agree(
     pack_seconds: float | None = None,
     dtypes: Mapping[str, str] | None = None,
     dataset_items: str | None = None,
+    subgroups: str | None = None,
 ) -> None:
     """Options given with an append must be the store's own (its precision and casts
     too: new items are rounded and cast as its items were)."""
@@ -223,6 +226,9 @@ def _check_options_agree(
             if made
             else "items that are groups (converted without --dataset-items)",
         )
+    nested = manifest.extra.get("subgroups", "items")
+    if subgroups is not None and subgroups != nested:
+        refuse(f"--subgroups {subgroups}", f"groups inside items converted as {nested}")
     if chunk_seconds is not None and float(chunk_seconds) != float(manifest.chunk_seconds):
         refuse(f"--chunk-seconds {chunk_seconds:g}", f"{manifest.chunk_seconds:g} s chunks")
     for name, rate in (rates or {}).items():
@@ -346,6 +352,7 @@ def _plan_new(
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
     dataset_items = manifest.extra.get("dataset_items")  # as the conversion read its files
     casts = manifest.extra.get("dtypes")  # new items are cast as the store's were
+    subgroups = manifest.extra.get("subgroups", "items")  # as the conversion read them
     source = plan(
         files,
         rates,
@@ -355,6 +362,7 @@ def _plan_new(
         casts=casts,
         include=list(include or []),
         exclude=list(exclude or []),
+        subgroups=subgroups,
     )
     prefix = stems(files) if made_from > 1 else None
     for it in source.items:

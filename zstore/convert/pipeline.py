@@ -29,6 +29,7 @@ from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
+from zstore.convert._subgroups import check_subgroups
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
 from zstore.errors import DestinationError
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 #: 3: chunks of small arrays hold at least MIN_CHUNK_BYTES.
 LAYOUT = 3
 #: options of a conversion that its manifest keeps for appends (absent when not given)
-APPEND_KEEPS = ("dataset_items", "dtypes")
+APPEND_KEEPS = ("dataset_items", "dtypes", "subgroups")
 
 
 def check_destination(dst: str, storage_options: dict[str, Any] | None) -> None:
@@ -166,6 +167,7 @@ def convert(
     dtypes: Mapping[str, str] | None = None,
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
+    subgroups: str = "items",
 ) -> ConvertReport:
     """Rechunk the HDF5 file ``src`` into a zstore (Zarr v3) store at ``dst``.
 
@@ -210,6 +212,11 @@ def convert(
         include, exclude: shell-style patterns (``"spk*/utt*"``, ``"meta"``) of the items
             to take, and of those to leave out, matched against each item's group path
             (and its name in the store); the report counts those left out.
+        subgroups: what a group that holds datasets is when it lies inside another:
+            ``"items"`` (default), an item of its own (the scan warns); ``"arrays"``,
+            part of the outermost one, its datasets arrays of that item named by
+            their path below it with ``.`` for ``/`` (``/utt0/feats/mfcc`` is array
+            ``feats.mfcc`` of item ``utt0``).
 
     Rerunning after a crash resumes: finished items are kept, the rest are written.
     Rerunning on a finished store of the same source and options does nothing.
@@ -235,6 +242,9 @@ def convert(
     if dataset_items is not None:  # absent otherwise, as precision
         check_dataset_items(dataset_items)
         options["dataset_items"] = dataset_items
+    check_subgroups(subgroups)
+    if subgroups != "items":  # absent otherwise, as precision
+        options["subgroups"] = subgroups
     casts = {n: str(d) for n, d in sorted((dtypes or {}).items())}
     if casts:
         options["dtypes"] = casts
@@ -254,6 +264,7 @@ def convert(
             casts=casts,
             include=chosen["include"],
             exclude=chosen["exclude"],
+            subgroups=subgroups,
         )
         source.arrays = with_precision(with_dtypes(source), _dtypes(source), stated, src)
         check_chunks(source, chunk_seconds)

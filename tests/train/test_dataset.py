@@ -191,6 +191,29 @@ def test_items_take_the_lists_users_already_have(small_store, tmp_path, form):
     assert [ds[i]["item"] for i in range(len(ds))] == names
 
 
+def test_item_lists_by_group_name_and_kaldi_style_lines(tmp_path):
+    """A store of several files names items ``<file stem>/<group>``; lists users keep
+    name the groups (``rec1``), or are Kaldi-style lines (``utt2spk``, ``wav.scp``:
+    the name, then other columns). Each resolves when it means one item."""
+    from conftest import corpus_files
+
+    corpus_files(tmp_path)  # a.h5: rec0, rec1; b.hdf5: rec0; day2/c.h5: spk/rec9
+    dst = tmp_path / "s.zarr"
+    zstore.convert(tmp_path / "corpus", dst, rates={"wav": 16000}, workers=1, progress=False)
+    path = tmp_path / "dev.txt"
+    path.write_text("rec1 spk_a\nspk/rec9\nb/rec0 /data/b/rec0.wav\n")
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=path)
+    assert [ds[i]["item"] for i in range(len(ds))] == ["a/rec1", "c/spk/rec9", "b/rec0"]
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=["rec1"])
+    assert [ds[i]["item"] for i in range(len(ds))] == ["a/rec1"]
+    with pytest.raises(zstore.ConfigError, match=r"'rec0' .*'a/rec0', 'b/rec0'"):
+        zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=["rec0"])
+    with pytest.raises(zstore.ConfigError, match="twice"):  # one item, two names
+        zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=["rec1", "a/rec1"])
+    with pytest.raises(zstore.ConfigError, match="not in the store: 'rec7'"):
+        zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=["rec7"])
+
+
 def test_an_item_list_from_the_home_directory(small_store, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "dev.txt").write_text("utt000002\n")

@@ -76,6 +76,8 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
         names = read_item_list(os.fspath(items))
     else:
         names = [str(n) for n in items]
+    several = len(reader.manifest.extra.get("sources", [])) > 1
+    names = resolve_names(names, known, url, by_stem=several)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(
@@ -89,3 +91,40 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
             "windows_per_item for more windows per item"
         )
     return names
+
+
+def resolve_names(names: list[str], known: list[str], url: str, by_stem: bool = True) -> list[str]:
+    """``names`` as the store names its items.  A name the store has is itself; else a
+    Kaldi-style line (``utt2spk``, ``wav.scp``: the name, whitespace, other columns)
+    stands for its first column; and a group's path in its file (``rec1``) stands for
+    the one item ``<file stem>/rec1`` of a store made from several files (``by_stem``:
+    its items are named so).  A name that
+    fits several items is an error naming them; one that fits none is kept, for the
+    caller's error."""
+    have = set(known)
+    if all(n in have for n in names):
+        return names
+    by_group: dict[str, list[str]] = {}
+    for k in known if by_stem else ():  # <file stem>/<group path>: the group's path
+        stem, sep, group = k.partition("/")
+        if sep:
+            by_group.setdefault(group, []).append(k)
+    out = []
+    for n in names:
+        first = n.split(maxsplit=1)[0] if n.strip() else n
+        for name in (n, first):
+            if name in have:
+                out.append(name)
+                break
+            fits = by_group.get(name, [])
+            if len(fits) > 1:
+                raise ConfigError(
+                    f"{url}: the item list's {name!r} is a group of several files: "
+                    f"{some_names(fits)}; name the one meant as the store does"
+                )
+            if fits:
+                out.append(fits[0])
+                break
+        else:
+            out.append(n)
+    return out

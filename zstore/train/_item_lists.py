@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,9 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
     return names
 
 
-def resolve_names(names: list[str], known: list[str], url: str, by_stem: bool = True) -> list[str]:
+def resolve_names(
+    names: list[str], known: Sequence[str], url: str, by_stem: bool = True
+) -> list[str]:
     """``names`` as the store names its items.  A name the store has is itself; else a
     Kaldi-style line (``utt2spk``, ``wav.scp``: the name, whitespace, other columns)
     stands for its first column; and a group's path in its file (``rec1``) stands for

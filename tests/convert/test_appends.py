@@ -344,3 +344,68 @@ def test_a_few_scalar_labels_get_no_ratio(tmp_path):
         write_h5(tmp_path / "a.h5", items), tmp_path / "a.zarr", rates=RATE, progress=False
     )
     assert report.values["gain"] == "true float32 values, stored lossless"
+
+
+def test_a_source_on_s3_replaced_while_converted_or_appended_is_not_published(
+    tmp_path, monkeypatch, s3
+):
+    """Each worker opens an object-store source on its own, so an object replaced while
+    its items are read would give a store of both versions: its version (ETag) is
+    checked before the store is published."""
+    import io
+
+    import fsspec
+
+    options, _ = s3
+    endpoint = options["client_kwargs"]["endpoint_url"]
+    for key, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": options["key"],
+        "AWS_SECRET_ACCESS_KEY": options["secret"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+
+    def put(key: str, seed: int, prefix: str) -> str:
+        raw = io.BytesIO()
+        with h5py.File(raw, "w") as f:
+            for name, arrays in speech(seed, [2.0, 3.0], prefix=prefix).items():
+                f[f"{name}/wav"] = arrays["wav"]
+        fs.pipe(f"zstore-test/sources/{key}", raw.getvalue())
+        return f"s3://zstore-test/sources/{key}"
+
+    originals = {}
+
+    def replaced_while_written(module_name: str, key: str, prefix: str) -> None:
+        module = importlib.import_module(module_name)
+        original = originals.setdefault(module_name, module.write_all)
+
+        def write_all(*args, **kwargs):
+            out = original(*args, **kwargs)
+            put(key, 99, prefix)
+            return out
+
+        monkeypatch.setattr(module, "write_all", write_all)
+
+    def restored(module_name: str) -> None:
+        monkeypatch.setattr(
+            importlib.import_module(module_name), "write_all", originals[module_name]
+        )
+
+    src, dst = put("a.h5", 1, "rec"), tmp_path / "a.zarr"
+    replaced_while_written("zstore.convert.pipeline", "a.h5", "rec")
+    with pytest.raises(zstore.SourceError, match="a.h5: the object changed while its items"):
+        zstore.convert(src, dst, rates=RATE, workers=1, progress=False)
+    restored("zstore.convert.pipeline")
+    zstore.convert(src, dst, rates=RATE, workers=1, progress=False, overwrite=True)
+    new = put("new.h5", 2, "late")
+    replaced_while_written("zstore.convert.append", "new.h5", "late")
+    before = manifest_of(dst).items
+    with pytest.raises(zstore.SourceError, match="new.h5: the object changed.*append it again"):
+        zstore.append(new, dst, workers=1, progress=False)
+    assert manifest_of(dst).items == before  # readers still see the store as it was
+    restored("zstore.convert.append")
+    assert zstore.append(new, dst, workers=1, progress=False).converted == 2
+    with h5py.File(fs.open("zstore-test/sources/new.h5", "rb")) as f:
+        assert np.array_equal(whole(dst, "late0"), f["late0/wav"][()])

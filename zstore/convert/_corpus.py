@@ -133,6 +133,7 @@ def fingerprint(files: list[str], options: dict[str, Any]) -> dict[str, Any]:
             import fsspec
 
             fs, path = fsspec.core.url_to_fs(f)
+            fs.invalidate_cache(path)  # a listing's cached details may be of an older version
             info = fs.info(path)
             out.append(
                 {
@@ -145,6 +146,29 @@ def fingerprint(files: list[str], options: dict[str, Any]) -> dict[str, Any]:
             st = os.stat(f)
             out.append({"source": source_name(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     return {"sources": out, "options": options}
+
+
+def check_versions(recorded: list[dict[str, Any]], again: str) -> None:
+    """Raise :class:`SourceError` naming the first source on an object store (or other
+    fsspec URL) whose version (size, ETag or modification time) is no longer the one
+    ``recorded`` (:func:`fingerprint`'s or :func:`file_identity`'s entries, taken before
+    its items were read).  Each worker opens such a file on its own, so a file replaced
+    meanwhile would give a store of items from both versions.  Local files are checked
+    by :func:`zstore.convert._source.check_unchanged`."""
+    for entry in recorded:
+        url = str(entry.get("source", ""))
+        if not is_url(url):
+            continue
+        try:
+            now: dict[str, Any] | None = fingerprint([url], {})["sources"][0]
+        except OSError:
+            now = None
+        if now != entry:
+            raise SourceError(
+                f"{url}: the object changed while its items were converted (its size or "
+                "version); the items read from it may come from both versions, so the "
+                f"store is not finished: {again} once nothing writes the object"
+            )
 
 
 def differences(old: Any, new: dict[str, Any]) -> str:

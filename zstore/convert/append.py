@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from zstore.convert._checks import check_options
-from zstore.convert._corpus import expand_sources, file_identity, identity_mark, source_name, stems
+from zstore.convert._corpus import (
+    check_versions,
+    expand_sources,
+    file_identity,
+    identity_mark,
+    source_name,
+    stems,
+)
 from zstore.convert._items import Job
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
 from zstore.convert._report import ConvertReport
@@ -161,6 +168,7 @@ def append(
             manifest, metas, source, [identities[f] for f in files], nbytes, packs
         )
         check_unchanged(source.items, "append it again")
+        check_versions([identities[f] for f in files], "append it again")
         publish(dst, storage_options, new.header(), table)
     warn_nonfinite(job.src, tally, stacklevel=2)
     total = sum(it.nbytes for it in source.items)

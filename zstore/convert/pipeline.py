@@ -20,8 +20,8 @@ from zstore.convert._checks import (
     check_options,
     check_pack_seconds,
 )
+from zstore.convert._corpus import check_versions, expand_sources
 from zstore.convert._corpus import differences as corpus_differences
-from zstore.convert._corpus import expand_sources
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
 from zstore.convert._items import Job, compressors
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
@@ -223,6 +223,10 @@ def convert(
     """
     t0 = time.perf_counter()
     files, dst = expand_sources(src), os.fspath(dst)
+    try:
+        sources = corpus_fingerprint(files, {})["sources"]  # before any of them is read
+    except OSError:  # a missing or unreadable file: the scan names it
+        sources = None
     rates, precision = plain(rates), plain(precision)
     axes = time_axis if isinstance(time_axis, int) else dict(time_axis)
     src = files[0] if len(files) == 1 else f"{len(files)} sources"
@@ -272,7 +276,9 @@ def convert(
         packs = plan_packs(source.items, source.arrays, codec, chunk_seconds, pack_seconds)
         if packs.batches:  # absent otherwise: stores without packed items keep theirs
             options["pack_seconds"] = float(pack_seconds)
-        fingerprint = corpus_fingerprint(files, options)
+        if sources is None:
+            sources = corpus_fingerprint(files, {})["sources"]
+        fingerprint = {"sources": sources, "options": options}
         client = stack.enter_context(cluster_client(dask))  # before the destination is touched
         job = Job(
             src,
@@ -352,6 +358,7 @@ def _convert(
     if verify:
         verify_store(job, own, packs, workers, progress, client, pool)
     check_unchanged(source.items, "convert it again with --overwrite")
+    check_versions(fingerprint["sources"], "convert it again with --overwrite")
     publish(dst, storage_options, manifest.header(), table)
     report = _report(source, dst, storage_options, t0, len(todo), total_src, nbytes)
     report.packed = packs.items

@@ -878,3 +878,40 @@ def test_a_filter_h5py_lacks_is_named_not_taken_for_corruption(tmp_path):
     assert proc.returncode != 0
     assert "is compressed with the HDF5 filter" in proc.stderr, proc.stderr[-2000:]
     assert "pip install hdf5plugin" in proc.stderr and "corrupt" not in proc.stderr
+
+
+def test_framed_features_that_lose_frames_at_the_edges_take_their_rate(tmp_path):
+    """Kaldi-style features (``snip_edges``: 1 + (N - 400) // 160 frames of 25 ms every
+    10 ms, as torchaudio.compliance.kaldi.fbank gives) are 1.5-2.5 frames shorter than
+    the audio; features computed centred are one frame longer. Both take their rate,
+    and windows stay within what every array covers, aligned by their starts."""
+    rng = np.random.default_rng(4)
+    items = {}
+    for i, n in enumerate(int(s * 16000) + int(rng.integers(0, 160)) for s in (3, 4, 5)):
+        items[f"u{i}"] = {
+            "wav": (rng.integers(-3000, 3000, (1, n)) / 32768).astype(np.float32),
+            "fbank": rng.standard_normal((1 + (n - 400) // 160, 80)).astype(np.float32),
+            "mel": rng.standard_normal((80, 1 + n // 160)).astype(np.float32),
+        }
+    src = write_h5(tmp_path / "k.h5", items)
+    dst = tmp_path / "k.zarr"
+    zstore.convert(
+        src, dst, rates={"wav": 16000, "fbank": 100, "mel": 100}, time_axis={"fbank": 0},
+        workers=1, progress=False,
+    )  # fmt: skip
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, fields=["wav", "fbank", "mel"], cache=False)
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            x = ds[i]
+            want, s = items[x["item"]], float(x["start"])
+            a, f = round(s * 16000), round(s * 100)
+            assert np.array_equal(x["wav"].numpy(), want["wav"][:, a : a + 16000])
+            assert np.array_equal(x["fbank"].numpy(), want["fbank"][f : f + 100])
+            assert np.array_equal(x["mel"].numpy(), want["mel"][:, f : f + 100])
+    # a rate that is wrong by more than the edges' frames is still refused
+    with pytest.raises(zstore.SourceError, match="'fbank' lasts .* at 120/s"):
+        zstore.convert(
+            src, tmp_path / "w.zarr", rates={"wav": 16000, "fbank": 120},
+            time_axis={"fbank": 0}, workers=1, progress=False,
+        )  # fmt: skip

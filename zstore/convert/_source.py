@@ -330,7 +330,16 @@ def plan(
     return SourcePlan(items, arrays, skipped, unselected)
 
 
+#: how many values of the slower of two time arrays their durations may differ by:
+#: framed features lose frames at the edges (Kaldi's ``snip_edges``: 1 + (N - win) //
+#: hop frames, win / hop of them, up to 4-8 with long windows) or gain one (centred
+#: frames); windows are drawn within what every array covers, aligned by their starts
+EDGE_VALUES = 8
+
+
 def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str) -> None:
+    """Every item's rated time arrays must last the same, within :data:`EDGE_VALUES`
+    values of the slower: else a rate or a time axis is wrong."""
     rated = [(n, a) for n, a in arrays.items() if a.rate is not None and a.time_axis is not None]
     for it in items:
         for i, (a, ia) in enumerate(rated):
@@ -340,10 +349,11 @@ def _check_rates(items: list[SourceItem], arrays: dict[str, ArrayInfo], src: str
                 ra, rb = float(ia.rate or 1), float(ib.rate or 1)
                 da = it.shapes[a][ia.time_axis or 0] / ra
                 db = it.shapes[b][ib.time_axis or 0] / rb
-                slack = 1.0 / min(ra, rb) + 1e-9
+                slack = EDGE_VALUES / min(ra, rb) + 1e-9
                 if abs(da - db) > slack:
                     raise SourceError(
                         f"{src}: group '{it.name}': '{a}' lasts {da:.3f} s at {ia.rate:g}/s "
-                        f"but '{b}' lasts {db:.3f} s at {ib.rate:g}/s; check the rates or "
+                        f"but '{b}' lasts {db:.3f} s at {ib.rate:g}/s (more than "
+                        f"{EDGE_VALUES} values of the slower apart); check the rates or "
                         "the time axis (--time-axis)"
                     )

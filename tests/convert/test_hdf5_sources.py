@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import PYTHON, cli, manifest_of, subprocess_env, write_h5
+from conftest import PYTHON, assert_one_line_error, cli, manifest_of, subprocess_env, write_h5
 
 import zstore
 
@@ -915,3 +915,43 @@ def test_framed_features_that_lose_frames_at_the_edges_take_their_rate(tmp_path)
             src, tmp_path / "w.zarr", rates={"wav": 16000, "fbank": 120},
             time_axis={"fbank": 0}, workers=1, progress=False,
         )  # fmt: skip
+
+
+def test_items_whose_rate_attribute_contradicts_the_rate_are_refused_by_name(tmp_path):
+    """A corpus mixing 8 kHz and 16 kHz recordings, each saying its rate in an
+    attribute: with --rate wav=16000 the 8 kHz items would give windows of twice the
+    time asked, and nothing else in them contradicts it."""
+    rng = np.random.default_rng(5)
+    src = tmp_path / "mixed.h5"
+    with h5py.File(src, "w") as f:
+        for i in range(5):
+            sr = 8000 if i in (1, 3) else 16000
+            g = f.create_group(f"u{i}")
+            g.attrs["sr"] = sr
+            g["wav"] = (rng.integers(-3000, 3000, (1, int(3.5 * sr) + 40 * i)) / 32768).astype("f4")
+            g["act"] = np.zeros((2, 350 + i), bool)
+            g["act"].attrs["frame_rate"] = 100
+    dst = tmp_path / "m.zarr"
+    proc = cli("convert", str(src), str(dst), "--rate", "wav=16000", "--rate", "act=none")
+    assert_one_line_error(proc, "2 item(s) state a rate", "'u1': its group has sr=8000", "'u3'")
+    assert not dst.exists()
+    # the 16 kHz items alone: their attributes agree (the group's with wav, act's own)
+    report = zstore.convert(
+        src, dst, rates={"wav": 16000, "act": 100}, exclude=["u1", "u3"], workers=1, progress=False
+    )
+    assert report.items == 3 and manifest_of(dst).arrays["act"].rate == 100
+    # the dataset's own attribute is checked against its array's rate
+    with h5py.File(src, "a") as f:
+        f["u0/act"].attrs["frame_rate"] = 50
+    with pytest.raises(
+        zstore.SourceError, match="'u0': its 'act' has frame_rate=50, but 'act' is at 100/s"
+    ):
+        zstore.convert(
+            src, tmp_path / "n.zarr", rates={"wav": 16000, "act": 100}, exclude=["u1", "u3"]
+        )
+    # the 8 kHz items alone, at their rate
+    eight = zstore.convert(
+        src, tmp_path / "8k.zarr", rates={"wav": 8000, "act": None}, include=["u1", "u3"],
+        workers=1, progress=False,
+    )  # fmt: skip
+    assert eight.items == 2

@@ -290,6 +290,9 @@ def plan(
             arrays[n] = ArrayInfo(None, None, note=f"stored whole, as asked (--rate {n}=none)")
         else:
             arrays[n] = inferred(n, items, arrays, axes.get(n), ndims[n])
+    from zstore.convert._rate_attrs import check_rate_attrs  # it builds on this module
+
+    check_rate_attrs(items, arrays, path)
     if not any(a.rate for a in arrays.values()):
         first = max(  # the example: the largest item, not an empty or truncated one
             items, key=lambda it: sum(math.prod(sh) for sh in it.shapes.values())

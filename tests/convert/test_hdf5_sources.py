@@ -955,3 +955,51 @@ def test_items_whose_rate_attribute_contradicts_the_rate_are_refused_by_name(tmp
         workers=1, progress=False,
     )  # fmt: skip
     assert eight.items == 2
+
+
+def _matlab_v73(path, rates: list[int]) -> dict[str, np.ndarray]:
+    """A MATLAB ``save('-v7.3')`` file as MATLAB writes it: a 512-byte user block, one
+    struct per recording (``rec.wav``, samples x mics as HDF5 sees MATLAB's column-major
+    mics x samples; ``rec.fs`` a 1x1 double), and the ``#refs#`` group of referenced
+    data."""
+    rng = np.random.default_rng(6)
+    wavs = {}
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for i, fs in enumerate(rates):
+            g = f.create_group(f"rec{i}")
+            g.attrs["MATLAB_class"] = np.bytes_("struct")
+            wavs[f"rec{i}"] = wav = rng.integers(-3000, 3000, (int((2 + i) * fs), 2)) / 32768
+            g.create_dataset("wav", data=wav).attrs["MATLAB_class"] = np.bytes_("double")
+            g.create_dataset("fs", data=np.array([[fs]], "f8"))
+        f["#refs#/a"] = np.zeros((3, 1))
+    with open(path, "r+b") as raw:
+        raw.write(b"MATLAB 7.3 MAT-file, Platform: GLNXA64, HDF5 schema 1.00 .")
+    return wavs
+
+
+def test_matlab_v73_files_convert_and_their_fs_is_checked(tmp_path):
+    wavs = _matlab_v73(tmp_path / "rec.mat", [16000, 16000, 8000])
+    dst = tmp_path / "m.zarr"
+    options = dict(rates={"wav": 16000}, time_axis={"wav": 0}, dtypes={"wav": "float32"})
+    with pytest.raises(zstore.SourceError, match="'rec2': its dataset 'fs' is 8000"):
+        zstore.convert(tmp_path / "rec.mat", dst, workers=1, progress=False, **options)
+    with pytest.warns(UserWarning, match="#refs#: MATLAB's store"):
+        report = zstore.convert(
+            tmp_path / "rec.mat", dst, workers=1, progress=False, exclude=["rec2"], **options
+        )
+    assert report.items == 2 and "#refs#" not in manifest_of(dst).items
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, fields=["wav"], cache=False)
+    for i in range(len(ds)):
+        x = ds[i]
+        a = round(float(x["start"]) * 16000)
+        want = wavs[x["item"]][a : a + 16000].astype(np.float32)
+        assert np.array_equal(x["wav"].numpy(), want)
+
+
+def test_a_matlab_file_before_version_73_is_named_as_such(tmp_path):
+    head = b"MATLAB 5.0 MAT-file, Platform: GLNXA64".ljust(116) + bytes(8) + b"\x00\x01IM"
+    (tmp_path / "old.mat").write_bytes(head + bytes(64))
+    proc = cli(
+        "convert", str(tmp_path / "old.mat"), str(tmp_path / "o.zarr"), "--rate", "wav=16000"
+    )
+    assert_one_line_error(proc, "old.mat: a MATLAB .mat file of version 5-7", "-v7.3")

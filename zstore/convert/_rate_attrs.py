@@ -7,7 +7,8 @@ give windows of the 8 kHz items that last twice as long as asked, with no error 
 no other time array is there to contradict it.  So before anything is written:
 
 - an attribute of a time array's dataset must be that array's rate;
-- an attribute of an item's group must be the rate of one of its time arrays.
+- an attribute of an item's group must be the rate of one of its time arrays, and so
+  must a one-value dataset named like one (``fs``: MATLAB keeps ``rec.fs`` so).
 
 Only objects the scan saw attributes on are looked at (~30 us each); sources on object
 stores are not checked here.  May import: zstore.convert._source, zstore.format.
@@ -89,7 +90,7 @@ def check_rate_attrs(items: list[SourceItem], arrays: dict[str, ArrayInfo], path
     shown = "; ".join(f"'{name}': {said}" for name, said in wrong[:SHOWN])
     more = f"; and {len(wrong) - SHOWN} more" if len(wrong) > SHOWN else ""
     raise SourceError(
-        f"{path}: {len(wrong)} item(s) state a rate in an attribute that is not the rate "
+        f"{path}: {len(wrong)} item(s) state a rate (in an attribute or a dataset) that is not the rate "
         f"given or inferred for their arrays ({shown}{more}). Windows of them would last "
         "another time than asked. Check --rate; items recorded at another rate need a "
         "store of their own (--include/--exclude choose them: "
@@ -120,4 +121,22 @@ def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:
             if not name and not any(_same(value, r) for r in mine.values()):
                 rates = ", ".join(f"{n}: {r:g}/s" for n, r in mine.items())
                 return f"its group has {attr}={value:g}, and no time array of it is at that rate ({rates})"
+    for name, shape in it.shapes.items():  # a rate kept as a dataset: MATLAB's rec.fs
+        if name.lower() not in RATE_ATTRS or math.prod(shape) != 1 or name in it.fields:
+            continue
+        if it.dtypes[name].kind not in "iuf":
+            continue
+        try:
+            value = float(
+                np.asarray(h5py.Dataset(h5py.h5d.open(fid, _path(it, name)))[()]).reshape(-1)[0]
+            )
+        except (KeyError, OSError, RuntimeError):
+            continue
+        if math.isfinite(value) and not any(_same(value, r) for r in mine.values()):
+            rates = ", ".join(f"{n}: {r:g}/s" for n, r in mine.items())
+            return f"its dataset '{name}' is {value:g}, and no time array of it is at that rate ({rates})"
     return None
+
+
+def _path(it: SourceItem, name: str) -> bytes:
+    return f"{it.group}/{name}".encode("utf-8", "surrogateescape")

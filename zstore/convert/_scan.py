@@ -39,6 +39,9 @@ Link = tuple[bytes, int, Row]
 SHARED_BYTES = 16 * 2**20
 #: the file's root-level links are shared out in about this many tasks
 SHARED_TASKS = 32
+#: root groups of MATLAB's version 7.3 .mat files (HDF5) that hold its own bookkeeping:
+#: the data cell arrays and strings refer to, and class definitions
+MATLAB_GROUPS = frozenset({"#refs#", "#subsystem#"})
 #: sources whose failure a corpus's one error lists in full (the rest are counted)
 MAX_FAILED = 10
 
@@ -149,6 +152,13 @@ def scan(
             skipped.append(f"{group}/{key}: non-numeric dtype {dtype}")
         else:
             groups.setdefault(group, []).append((key, shape, dtype))
+    for internal in [g for g in groups if g.split("/", 1)[0] in MATLAB_GROUPS]:
+        del groups[internal]
+        split.pop(internal, None)
+        skipped.append(
+            f"{internal}: MATLAB's store of the data that cell arrays and strings refer to "
+            "(a .mat file of version 7.3), not a recording"
+        )
     nested_items(path, set(groups), subgroups)
     if subgroups == "arrays":
         merge_subgroups(groups, split, skipped)

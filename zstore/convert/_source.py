@@ -119,6 +119,12 @@ def open_source(src: str | os.PathLike[str]) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as e:
+        with open(path, "rb") as head:
+            if head.read(10) == b"MATLAB 5.0":  # MAT-file versions 5-7: not HDF5
+                raise SourceError(
+                    f"{path}: a MATLAB .mat file of version 5-7, which is not HDF5; save it "
+                    "again with save(..., '-v7.3') (HDF5), then convert that"
+                ) from None
         raise SourceError(
             f"{path}: cannot be read as HDF5 ({str(e).splitlines()[0]}); the file may be "
             "truncated or corrupt: re-copy it from its source"

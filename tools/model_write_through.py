@@ -77,7 +77,9 @@ class Origin:
     """Chunks read from the local store's shard files (indexes read once)."""
 
     def __init__(self, store: Path) -> None:
-        self.store, self.fds, self.indexes = store, {}, {}
+        self.store = store
+        self.fds: dict[str, int] = {}
+        self.indexes: dict[str, np.ndarray] = {}
 
     def chunk(self, lay, k: int, buf: bytearray) -> memoryview:
         shard, j = divmod(k, lay.chunks_per_shard)
@@ -99,7 +101,8 @@ class Tier:
     of one byte per chunk, both mapped; shared by every process through the files."""
 
     def __init__(self, root: str) -> None:
-        self.root, self.maps = root, {}
+        self.root = root
+        self.maps: dict[tuple[str, int], tuple] = {}
 
     def shard(self, lay, shard: int):
         key = (lay.path, shard)
@@ -150,8 +153,8 @@ def read_window(lays, origin, tier, it, s, out, scratch, stats) -> None:
                         continue  # not int16 samples: left to the reads
                     part = small
                 part = np.ascontiguousarray(part)
-                os.pwrite(fd, part, at * part.dtype.itemsize)
-                crc32c.crc32c(part)  # what the tier would keep to check it by
+                os.pwrite(fd, part.data, at * part.dtype.itemsize)
+                crc32c.crc32c(part.data)  # what the tier would keep to check it by
                 have[j] = 1
 
 

@@ -71,8 +71,8 @@ def _once(files: list[str]) -> list[str]:
         if st is not None and (st.st_dev, st.st_ino) in seen:
             first = seen[(st.st_dev, st.st_ino)]
             warnings.warn(
-                f"{f}: the same file as {first} (a link to it); its items are read once, "
-                f"from {first}",
+                f"{f}: the same file as {first} (a link to it, or another path to it); "
+                f"its items are read once, from {first}",
                 stacklevel=3,
             )
             continue

@@ -6,7 +6,7 @@ telephone and 16 kHz recordings, converted with ``--rate wav=16000``, would othe
 give windows of the 8 kHz items that last twice as long as asked, with no error when
 no other time array is there to contradict it.  So before anything is written:
 
-- an attribute of a time array's dataset must be that array's rate;
+- an attribute of a time array's dataset must be that array's rate (in Hz or kHz);
 - an attribute of an item's group must be the rate of one of its time arrays, and so
   must a one-value dataset named like one (``fs``: MATLAB keeps ``rec.fs`` so).
 
@@ -64,8 +64,10 @@ def stated_rates(fid: Any, path: str) -> dict[str, float]:
 _NUMBERS = (h5py.h5t.INTEGER, h5py.h5t.FLOAT)
 
 
-def _same(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+def _same(stated: float, rate: float) -> bool:
+    """Whether an attribute's ``stated`` value is ``rate``: in Hz, or in kHz (``sr=16``,
+    ``fs=44.1``, as some corpora keep it)."""
+    return any(abs(v - rate) <= 1e-6 * max(abs(v), abs(rate)) for v in (stated, stated * 1000))
 
 
 def check_rate_attrs(items: list[SourceItem], arrays: dict[str, ArrayInfo], path: str) -> None:

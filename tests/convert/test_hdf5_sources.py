@@ -1003,3 +1003,11 @@ def test_a_matlab_file_before_version_73_is_named_as_such(tmp_path):
         "convert", str(tmp_path / "old.mat"), str(tmp_path / "o.zarr"), "--rate", "wav=16000"
     )
     assert_one_line_error(proc, "old.mat: a MATLAB .mat file of version 5-7", "-v7.3")
+
+
+def test_a_source_another_process_writes_is_named_as_such(tmp_path):
+    src = write_h5(tmp_path / "w.h5", {"u0": {"wav": np.zeros((1, 32000), np.float32)}})
+    with h5py.File(src, "a"):  # a writer holding HDF5's file lock
+        proc = cli("convert", src, str(tmp_path / "w.zarr"), "--rate", "wav=16000")
+    assert_one_line_error(proc, "another process has the file open for writing")
+    assert "corrupt" not in proc.stderr

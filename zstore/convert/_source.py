@@ -119,6 +119,14 @@ def open_source(src: str | os.PathLike[str]) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as e:
+        if "unable to lock file" in str(e):  # errno 11: a writer holds HDF5's lock
+            raise SourceError(
+                f"{path}: another process has the file open for writing (it holds HDF5's "
+                "file lock); convert it once that process has closed it. If nothing "
+                "writes it (a lock left on a network file system), set "
+                "HDF5_USE_FILE_LOCKING=FALSE: a file changed while it is converted is "
+                "still refused"
+            ) from None
         with open(path, "rb") as head:
             if head.read(10) == b"MATLAB 5.0":  # MAT-file versions 5-7: not HDF5
                 raise SourceError(

@@ -409,3 +409,31 @@ def test_a_source_on_s3_replaced_while_converted_or_appended_is_not_published(
     assert zstore.append(new, dst, workers=1, progress=False).converted == 2
     with h5py.File(fs.open("zstore-test/sources/new.h5", "rb")) as f:
         assert np.array_equal(whole(dst, "late0"), f["late0/wav"][()])
+
+
+def test_an_append_with_patterns_adds_the_items_a_file_in_the_store_was_converted_without(
+    tmp_path,
+):
+    """Converted with --include 'train/*', the file's dev items can be appended later
+    with --include 'dev/*'; a rerun adds nothing, and a plain append of the file still
+    counts it as in the store."""
+    data = {
+        **speech(1, [1.0, 1.5, 2.0], prefix="train/u"),
+        **speech(2, [1.2, 0.8], prefix="dev/u"),
+    }
+    src = write_h5(tmp_path / "corpus.h5", data)
+    dst = tmp_path / "s.zarr"
+    zstore.convert(src, dst, rates=RATE, include=["train/*"], workers=1, progress=False)
+    assert sorted(manifest_of(dst).items) == ["train/u0", "train/u1", "train/u2"]
+    report = zstore.append(src, dst, include=["dev/*"], workers=1, progress=False)
+    assert report.converted == 2 and report.already_in_store == []
+    assert sorted(manifest_of(dst).items) == sorted(data)
+    for name in data:
+        assert np.array_equal(whole(dst, name), data[name]["wav"])
+    before = snapshot(dst)
+    again = cli("convert", src, str(dst), "--append", "--include", "dev/*", "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert "already in the store" in again.stdout and snapshot(dst) == before
+    plain = zstore.append(src, dst, workers=1, progress=False)
+    assert plain.converted == 0 and plain.already_in_store == [src]
+    assert snapshot(dst) == before

@@ -87,8 +87,10 @@ def append(
     dtype or number of dimensions differ from the store's.  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
     conversion or append at a time writes a store (see :mod:`zstore.convert._storelock`).
-    ``include``/``exclude`` choose the new items as for :func:`zstore.convert.convert`;
-    a file once appended counts as in the store, whatever was left out of it.
+    ``include``/``exclude`` choose the new items as for :func:`zstore.convert.convert`.
+    A file in the store, unchanged, given with patterns adds the items they choose that
+    the store lacks (``include=["dev/*"]`` after a conversion of ``"train/*"``); given
+    without, it adds nothing.
     """
     t0 = time.perf_counter()
     files, dst = expand_sources(src), os.fspath(dst)
@@ -118,8 +120,16 @@ def append(
         )
         identities = {f: file_identity(f) for f in files}
         seen = _already_in_store(files, identities, manifest, dst)
-        files = [f for f in files if f not in seen]
-        if not files:
+        # a file in the store, unchanged, given with patterns: the items they choose
+        # that the store lacks are new (``--include 'dev/*'`` after ``'train/*'``)
+        again = seen if include or exclude else []
+        files = [f for f in files if f not in seen or f in again]
+        source = _plan_new(files, manifest, dst, include, exclude, again) if files else None
+        if source is not None and again:
+            given = {it.source for it in source.items}
+            files = [f for f in files if f not in again or f in given]
+            seen = [f for f in seen if f not in given]
+        if source is None or not source.items:
             return ConvertReport(
                 items=len(manifest.items),
                 converted=0,
@@ -131,7 +141,6 @@ def append(
                 store_id=manifest.store_id,
                 already_in_store=seen,
             )
-        source = _plan_new(files, manifest, dst, include, exclude)
         marks = tuple((f, identity_mark(identities[f])) for f in files)
         packs = plan_packs(
             source.items,
@@ -349,8 +358,10 @@ def _plan_new(
     dst: str,
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
+    again: Sequence[str] = (),
 ) -> SourcePlan:
-    """The new items, named as the store names its items, checked against it."""
+    """The new items, named as the store names its items, checked against it.  Of the
+    files ``again`` (in the store, unchanged), the items the store has are left out."""
     # Named as the conversion named the store's items: by <file stem>/<group> when it
     # was made from several files.  The files appended since do not count: else the
     # second append named its items unlike the first (and concurrent appends, by which
@@ -397,6 +408,10 @@ def _plan_new(
             "or rename the groups"
         )
     existing = set(manifest.items)
+    if again:
+        source.items = [
+            it for it in source.items if not (it.source in again and it.name in existing)
+        ]
     clash = [it.name for it in source.items if it.name in existing]
     if clash:
         raise SourceError(

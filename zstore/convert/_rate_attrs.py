@@ -78,8 +78,8 @@ def check_rate_attrs(items: list[SourceItem], arrays: dict[str, ArrayInfo], path
         return
     wrong: list[tuple[str, str]] = []  # (item, what it says)
     by_file: dict[str, list[SourceItem]] = {}
-    for it in items:
-        if not is_url(it.source):
+    for it in items:  # a file is opened only for the items that may state a rate
+        if not is_url(it.source) and _may_state(it, timed):
             by_file.setdefault(it.source, []).append(it)
     for source, batch in by_file.items():
         with open_source(source) as f:
@@ -92,12 +92,24 @@ def check_rate_attrs(items: list[SourceItem], arrays: dict[str, ArrayInfo], path
     shown = "; ".join(f"'{name}': {said}" for name, said in wrong[:SHOWN])
     more = f"; and {len(wrong) - SHOWN} more" if len(wrong) > SHOWN else ""
     raise SourceError(
-        f"{path}: {len(wrong)} item(s) state a rate (in an attribute or a dataset) that is not the rate "
-        f"given or inferred for their arrays ({shown}{more}). Windows of them would last "
-        "another time than asked. Check --rate; items recorded at another rate need a "
-        "store of their own (--include/--exclude choose them: "
+        f"{path}: {len(wrong)} item(s) state a rate (in an attribute or a dataset) that is "
+        f"not the rate given or inferred for their arrays ({shown}{more}). Windows of them "
+        "would last another time than asked. Check --rate; items recorded at another rate "
+        "need a store of their own (--include/--exclude choose them: "
         f"{some_names([n for n, _ in wrong], at_most=5)})"
     )
+
+
+def _may_state(it: SourceItem, timed: dict[str, float]) -> bool:
+    """Whether item ``it`` has attributes where a rate may be stated (its group, its
+    time arrays' datasets; unknown counts count as some), or a dataset named like one."""
+    mine = [n for n in timed if n in it.shapes]
+    if not mine:
+        return False
+    if any(n.lower() in RATE_ATTRS for n in it.shapes):
+        return True
+    counts = it.with_attrs
+    return counts is None or any(counts.get(n) for n in ("", *mine))
 
 
 def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:

@@ -128,3 +128,6 @@ def test_a_subgroup_dataset_whose_name_is_taken_is_skipped_and_said(tmp_path):
     )
     with pytest.raises(zstore.SourceError, match="subgroups='nested'"):
         zstore.convert(src, tmp_path / "t.zarr", rates={"audio": 16000}, subgroups="nested")
+    proc = cli("convert", str(src), str(tmp_path / "u.zarr"), "--subgroups", "arrays",
+               "--dataset-items", "wav")  # fmt: skip
+    assert_one_line_error(proc, "--subgroups arrays and --dataset-items wav", "give one")

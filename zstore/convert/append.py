@@ -306,11 +306,15 @@ def _already_in_store(
         if isinstance(entry, dict) and "source" in entry:
             recorded[str(entry["source"])] = entry
     names = set(map(str, manifest.extra.get("sources", [])))
+    by_size: dict[Any, list[str]] = {}  # local files the store records, by their size
+    for source, entry in recorded.items():
+        if not is_url(source):
+            by_size.setdefault(entry.get("size"), []).append(source)
     seen = []
     for f in files:
         name = source_name(f)
         if name not in names and name not in recorded:
-            linked = _linked_from(f, identities[f], recorded)
+            linked = _linked_from(f, by_size.get(identities[f].get("size"), []))
             if linked is None:
                 continue
             name = linked
@@ -333,17 +337,13 @@ def _already_in_store(
     return seen
 
 
-def _linked_from(
-    f: str, identity: dict[str, Any], recorded: dict[str, dict[str, Any]]
-) -> str | None:
+def _linked_from(f: str, candidates: list[str]) -> str | None:
     """The name under which the store recorded the local file ``f``, reached now under
-    another name (a symbolic or hard link); None if it has none.  Only recorded files
-    of ``f``'s size are looked at on disk."""
+    another name (a symbolic or hard link); None if it has none.  ``candidates``: the
+    local files the store records with ``f``'s size, the only ones looked at on disk."""
     if is_url(f):
         return None
-    for name, entry in recorded.items():
-        if entry.get("size") != identity.get("size") or is_url(name):
-            continue
+    for name in candidates:
         try:
             if os.path.samefile(name, f):
                 return name

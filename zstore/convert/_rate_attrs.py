@@ -133,8 +133,7 @@ def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:
             if name and not _same(value, mine[name]):
                 return f"its '{name}' has {attr}={value:g}, but '{name}' is at {mine[name]:g}/s"
             if not name and not any(_same(value, r) for r in mine.values()):
-                rates = ", ".join(f"{n}: {r:g}/s" for n, r in mine.items())
-                return f"its group has {attr}={value:g}, and no time array of it is at that rate ({rates})"
+                return f"its group has {attr}={value:g}, {_none_at(mine)}"
     for name, shape in it.shapes.items():  # a rate kept as a dataset: MATLAB's rec.fs
         if name.lower() not in RATE_ATTRS or math.prod(shape) != 1 or name in it.fields:
             continue
@@ -147,9 +146,13 @@ def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:
         except (KeyError, OSError, RuntimeError):
             continue
         if math.isfinite(value) and not any(_same(value, r) for r in mine.values()):
-            rates = ", ".join(f"{n}: {r:g}/s" for n, r in mine.items())
-            return f"its dataset '{name}' is {value:g}, and no time array of it is at that rate ({rates})"
+            return f"its dataset '{name}' is {value:g}, {_none_at(mine)}"
     return None
+
+
+def _none_at(mine: dict[str, float]) -> str:
+    rates = ", ".join(f"{n}: {r:g}/s" for n, r in mine.items())
+    return f"and no time array of it is at that rate ({rates})"
 
 
 def _path(it: SourceItem, name: str) -> bytes:

@@ -54,14 +54,14 @@ def nested_items(path: str, groups: set[str], subgroups: str) -> None:
     if not inside:
         return
     first = inside[0]
+    top = str(outermost(groups, first))
+    example = first[len(top) + 1 :].replace("/", SEPARATOR) + f"{SEPARATOR}<dataset>"
     warnings.warn(
         f"{path}: {len(inside)} group(s) holding datasets lie inside another such group "
-        f"({some_names(inside, at_most=3)}; '{first}' inside '{outermost(groups, first)}'), "
-        "and each is converted as an item of its own. If they hold parts of the recording "
-        "they lie in (features, labels), give --subgroups arrays (subgroups='arrays'): "
-        f"their datasets become arrays of that item, named like "
-        f"'{first[len(str(outermost(groups, first))) + 1 :].replace('/', SEPARATOR)}"
-        f"{SEPARATOR}<dataset>'",
+        f"({some_names(inside, at_most=3)}; '{first}' inside '{top}'), and each is "
+        "converted as an item of its own. If they hold parts of the recording they lie "
+        "in (features, labels), give --subgroups arrays (subgroups='arrays'): their "
+        f"datasets become arrays of that item, named like '{example}'",
         stacklevel=2,
     )
 

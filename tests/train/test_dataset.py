@@ -212,6 +212,9 @@ def test_item_lists_by_group_name_and_kaldi_style_lines(tmp_path):
         zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=["rec1", "a/rec1"])
     with pytest.raises(zstore.ConfigError, match="not in the store: 'rec7'"):
         zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=["rec7"])
+    # a name passed in a list is taken whole: only a text file's lines have columns
+    with pytest.raises(zstore.ConfigError, match="not in the store: 'a/rec1 x'"):
+        zstore.WindowDataset(dst, window_seconds=1.0, cache=False, items=["a/rec1 x"])
 
 
 def test_an_item_list_from_the_home_directory(small_store, tmp_path, monkeypatch):

@@ -73,12 +73,14 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
             if keep:
                 chosen.append(n)
         return chosen
+    text = False  # a text file's lines may carry columns after the name
     if isinstance(items, (str, os.PathLike)):
         names = read_item_list(os.fspath(items))
+        text = _is_text(os.fspath(items))
     else:
         names = [str(n) for n in items]
     several = len(reader.manifest.extra.get("sources", [])) > 1
-    names = resolve_names(names, known, url, by_stem=several)
+    names = resolve_names(names, known, url, by_stem=several, columns=text)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(
@@ -94,14 +96,26 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
     return names
 
 
+def _is_text(path: str) -> bool:
+    """Whether the item list at ``path`` is text (not a pickle, not JSON)."""
+    with open(os.path.expanduser(path), "rb") as f:
+        head = f.read(4096)
+    return head[:1] != b"\x80" and head.lstrip()[:1] != b"["
+
+
 def resolve_names(
-    names: list[str], known: Sequence[str], url: str, by_stem: bool = True
+    names: list[str],
+    known: Sequence[str],
+    url: str,
+    by_stem: bool = True,
+    columns: bool = True,
 ) -> list[str]:
     """``names`` as the store names its items.  A name the store has is itself; else a
     Kaldi-style line (``utt2spk``, ``wav.scp``: the name, whitespace, other columns)
     stands for its first column; and a group's path in its file (``rec1``) stands for
     the one item ``<file stem>/rec1`` of a store made from several files (``by_stem``:
-    its items are named so).  A name that
+    its items are named so).  ``columns``: the names are a text file's lines (the only
+    form Kaldi-style lines come in; a name passed in a list is taken whole).  A name that
     fits several items is an error naming them; one that fits none is kept, for the
     caller's error."""
     have = set(known)
@@ -114,7 +128,7 @@ def resolve_names(
             by_group.setdefault(group, []).append(k)
     out = []
     for n in names:
-        first = n.split(maxsplit=1)[0] if n.strip() else n
+        first = n.split(maxsplit=1)[0] if columns and n.strip() else n
         for name in (n, first):
             if name in have:
                 out.append(name)

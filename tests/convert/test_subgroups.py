@@ -49,6 +49,10 @@ def test_by_default_a_subgroup_is_an_item_of_its_own_and_the_scan_says_so(tmp_pa
 def test_subgroups_as_arrays_read_back_exactly_through_windows_and_a_cache(tmp_path):
     data = recordings(2, 4)
     src = write_h5(tmp_path / "n.h5", data)
+    with h5py.File(src, "a") as f:  # attributes of the subgroups' datasets go with them
+        for name in data:
+            f[name]["feats/mfcc"].attrs["hop"] = 160
+            f[name]["labels/segs"].attrs["unit"] = "s"
     dst = tmp_path / "s.zarr"
     proc = cli(
         "convert", src, str(dst), "--rate", "audio=16000", "--subgroups", "arrays",
@@ -81,6 +85,13 @@ def test_subgroups_as_arrays_read_back_exactly_through_windows_and_a_cache(tmp_p
         assert np.array_equal(
             x["feats.prosody.pitch"].numpy(), want["feats/prosody/pitch"][f : f + 100]
         )
+    records = [json.loads(p.read_text()) for p in dst.glob("zstore_packed/*/items.*.json")]
+    kept = {n: e.get("arrays") for r in records for n, e in r["entries"].items()}
+    table = {"unit": "s"}  # a compound's attributes go with each of its fields
+    assert kept == {
+        name: {"feats.mfcc": {"hop": 160}, **{f"labels.segs.{k}": table for k in SEGS.names}}
+        for name in data
+    }
     info = cli("info", str(dst))
     assert "--subgroups arrays" in info.stdout
     assert json.loads(cli("info", str(dst), "--json").stdout)["subgroups"] == "arrays"

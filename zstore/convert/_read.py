@@ -80,8 +80,12 @@ def _read_item(
         arrays: dict[str, np.ndarray] = {}
         attrs: dict[str, Any] = {}
         for name, shape in item.shapes.items():
-            if name in item.fields:  # a compound dataset's field: read on its own
-                arrays[name] = source_dataset(f[item.group], item.fields, name)[()]
+            if name in item.fields:  # a compound's field, a subgroup's dataset: on its own
+                ds = source_dataset(f[item.group], item.fields, name)
+                arrays[name] = ds[()]
+                own = hdf5_attrs(ds)  # as an item of its own group keeps them
+                if own:
+                    attrs.setdefault("arrays", {})[name] = own
                 continue
             where = f"{item.group}/{name}"
             dtype = np.dtype(item.cast_from.get(name, item.dtypes[name]))  # the file's

@@ -160,7 +160,7 @@ def check_versions(recorded: list[dict[str, Any]], again: str) -> None:
         if not is_url(url):
             continue
         try:
-            now: dict[str, Any] | None = fingerprint([url], {})["sources"][0]
+            now: dict[str, Any] | None = file_identity(url)
         except OSError:
             now = None
         if now != entry:

@@ -84,7 +84,7 @@ def check_rate_attrs(items: list[SourceItem], arrays: dict[str, ArrayInfo], path
     for source, batch in by_file.items():
         with open_source(source) as f:
             for it in batch:
-                said = _item(f.id, it, timed)
+                said = _item(f, it, timed)
                 if said is not None:
                     wrong.append((it.name, said))
     if not wrong:
@@ -112,8 +112,9 @@ def _may_state(it: SourceItem, timed: dict[str, float]) -> bool:
     return counts is None or any(counts.get(n) for n in ("", *mine))
 
 
-def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:
-    """What item ``it`` states against the rates ``timed``, or None if nothing."""
+def _item(f: h5py.File, it: SourceItem, timed: dict[str, float]) -> str | None:
+    """What item ``it`` of the open file ``f`` states against the rates ``timed``, or
+    None if nothing."""
     mine = {n: r for n, r in timed.items() if n in it.shapes}
     if not mine:
         return None
@@ -126,7 +127,7 @@ def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:
             continue  # a compound's field: the table's attributes are not its rate
         where = f"{it.group}/{dataset}".rstrip("/") if dataset else it.group
         try:
-            stated = stated_rates(fid, where)
+            stated = stated_rates(f.id, where)
         except (KeyError, OSError, RuntimeError):
             continue
         for attr, value in stated.items():
@@ -140,9 +141,7 @@ def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:
         if it.dtypes[name].kind not in "iuf":
             continue
         try:
-            value = float(
-                np.asarray(h5py.Dataset(h5py.h5d.open(fid, _path(it, name)))[()]).reshape(-1)[0]
-            )
+            value = float(np.asarray(f[it.group][name][()]).reshape(-1)[0])
         except (KeyError, OSError, RuntimeError):
             continue
         if math.isfinite(value) and not any(_same(value, r) for r in mine.values()):
@@ -153,7 +152,3 @@ def _item(fid: Any, it: SourceItem, timed: dict[str, float]) -> str | None:
 def _none_at(mine: dict[str, float]) -> str:
     rates = ", ".join(f"{n}: {r:g}/s" for n, r in mine.items())
     return f"and no time array of it is at that rate ({rates})"
-
-
-def _path(it: SourceItem, name: str) -> bytes:
-    return f"{it.group}/{name}".encode("utf-8", "surrogateescape")

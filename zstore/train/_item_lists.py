@@ -21,10 +21,11 @@ ITEM_LIST_FORMS = (
 )
 
 
-def read_item_list(path: str) -> list[str]:
+def read_item_list(path: str) -> tuple[list[str], bool]:
     """The item names in the file ``path``: a pickled list or tuple of names (as HDF5
     dataset code keeps its subsets; unpickling runs the file's code, so it is loaded only
-    because the user named it), a JSON list, or text with one name per line."""
+    because the user named it), a JSON list, or text with one name per line; and
+    whether it was text (whose lines may carry more columns after the name)."""
     try:
         with open(os.path.expanduser(path), "rb") as f:
             raw = f.read()
@@ -33,12 +34,14 @@ def read_item_list(path: str) -> list[str]:
             f"items={path!r}: cannot read the item list ({e.strerror}); pass "
             f"{ITEM_LIST_FORMS}, or a list of names"
         ) from None
+    text = False
     try:
         if raw[:1] == b"\x80":  # a pickle (protocol 2 and later)
             names = pickle.loads(raw)
         elif raw.lstrip()[:1] == b"[":
             names = json.loads(raw)
         else:
+            text = True
             lines = (line.strip() for line in raw.decode("utf-8").splitlines())
             names = [n for n in lines if n and not n.startswith("#")]
     except Exception as e:  # an unreadable pickle, JSON or text: say which forms work
@@ -53,7 +56,7 @@ def read_item_list(path: str) -> list[str]:
             f"items={path!r}: holds a {type(names).__name__}, not a list of item names; "
             f"pass {ITEM_LIST_FORMS}"
         )
-    return [n.decode() if isinstance(n, bytes) else n for n in names]
+    return [n.decode() if isinstance(n, bytes) else n for n in names], text
 
 
 def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
@@ -75,8 +78,7 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
         return chosen
     text = False  # a text file's lines may carry columns after the name
     if isinstance(items, (str, os.PathLike)):
-        names = read_item_list(os.fspath(items))
-        text = _is_text(os.fspath(items))
+        names, text = read_item_list(os.fspath(items))
     else:
         names = [str(n) for n in items]
     several = len(reader.manifest.extra.get("sources", [])) > 1
@@ -94,13 +96,6 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
             "windows_per_item for more windows per item"
         )
     return names
-
-
-def _is_text(path: str) -> bool:
-    """Whether the item list at ``path`` is text (not a pickle, not JSON)."""
-    with open(os.path.expanduser(path), "rb") as f:
-        head = f.read(4096)
-    return head[:1] != b"\x80" and head.lstrip()[:1] != b"["
 
 
 def resolve_names(

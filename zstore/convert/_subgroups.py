@@ -28,11 +28,19 @@ CHOICES = ("items", "arrays")
 Arrays = list[tuple[str, tuple[int, ...], Any]]
 
 
-def check_subgroups(subgroups: Any) -> None:
+def check_subgroups(subgroups: Any, dataset_items: str | None = None) -> None:
+    """``subgroups`` must be one of :data:`CHOICES`, and ``"arrays"`` only without
+    ``dataset_items`` (every dataset is then an item: there are no groups to merge)."""
     if subgroups not in CHOICES:
         raise SourceError(
             f"subgroups={subgroups!r}: give 'items' (each group that holds datasets is an "
             "item) or 'arrays' (groups inside an item's group hold arrays of that item)"
+        )
+    if subgroups != "items" and dataset_items is not None:
+        raise SourceError(
+            f"--subgroups {subgroups} and --dataset-items {dataset_items} were both "
+            "given: with --dataset-items every dataset is an item of its own, so "
+            "there are no groups to read as arrays; give one of them"
         )
 
 

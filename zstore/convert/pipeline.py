@@ -32,7 +32,7 @@ from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._subgroups import check_subgroups
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
-from zstore.errors import DestinationError, SourceError
+from zstore.errors import DestinationError
 from zstore.format import (
     MANIFEST_ATTR,
     PACK_SECONDS,
@@ -246,14 +246,8 @@ def convert(
     if dataset_items is not None:  # absent otherwise, as precision
         check_dataset_items(dataset_items)
         options["dataset_items"] = dataset_items
-    check_subgroups(subgroups)
+    check_subgroups(subgroups, dataset_items)
     if subgroups != "items":  # absent otherwise, as precision
-        if dataset_items is not None:
-            raise SourceError(
-                f"--subgroups {subgroups} and --dataset-items {dataset_items} were both "
-                "given: with --dataset-items every dataset is an item of its own, so "
-                "there are no groups to read as arrays; give one of them"
-            )
         options["subgroups"] = subgroups
     casts = {n: str(d) for n, d in sorted((dtypes or {}).items())}
     if casts:

@@ -34,6 +34,12 @@ SLAB_BYTES = 4 * 2**20
 #: epoch, 32 MB ~25,000, 64 MB ~1,000 (epochs 0.40 s against 0.54 s before); 128 MB
 #: was no faster and kept ~20 MB more.
 KEEP_BYTES = 64 * 2**20
+#: Reads in a row with no range read after which the kept slabs are dropped.  After
+#: one, a first epoch with a RAM tier filled by its reads (``ram_format="chunks"``),
+#: whose windows now and then find every chunk in the tier, dropped them every few
+#: windows and faulted them in again: ~26,000 more page faults (~0.1 s of kernel
+#: time) in an epoch of 128 windows (docs/benchmarks-notes.md).
+IDLE_READS = 16
 
 
 class Slabs:
@@ -48,6 +54,7 @@ class Slabs:
         self._current = -1  # index of the slab being filled
         self._used = 0  # bytes of it handed out
         self._takes = 0  # views handed out since the last release_idle
+        self._idle = 0  # release_idle calls in a row with no view handed out
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> memoryview | None:
@@ -78,10 +85,11 @@ class Slabs:
         return -1
 
     def release_idle(self) -> None:
-        """Drop the kept slabs when no range was read since the last call (a reader
-        whose windows all come from the RAM tier keeps no read buffers)."""
+        """Drop the kept slabs when no range was read since the last IDLE_READS calls (a
+        reader whose windows all come from the RAM tier keeps no read buffers)."""
         with self._lock:
-            if self._takes == 0 and self._slabs:
+            self._idle = 0 if self._takes else self._idle + 1
+            if self._idle >= IDLE_READS and self._slabs:
                 self._slabs, self._current, self._used = [], -1, 0
             self._takes = 0
 

@@ -650,3 +650,33 @@ def test_a_mapped_ssd_value_reads_right_after_a_prefetch(tmp_path):
     checked.prefetch(len(payload) - 10, len(payload))
     assert checked.verify(0, len(payload))
     assert bytes(checked.payload) == payload
+
+
+def test_counts_from_threads_that_count_first_at_once_are_all_kept(tmp_path, monkeypatch):
+    """A process's first counts, from two threads at once (a read and the thread behind
+    it): both land in the process's counter file (one went to a throwaway array)."""
+    import threading
+
+    from zstore.cache._stats import _INDEX, Stats
+
+    stats = Stats(str(tmp_path / "stats"))
+    real = Stats._made
+    entered, go = threading.Event(), threading.Event()
+
+    def slow(self, pid):
+        entered.set()
+        assert go.wait(60)
+        return real(self, pid)
+
+    monkeypatch.setattr(Stats, "_made", slow)
+    first = threading.Thread(target=stats.add, args=("ram_hits", 5))
+    first.start()
+    assert entered.wait(60)
+    second = threading.Thread(target=stats.add, args=("ram_fills", 3))
+    second.start()
+    go.set()
+    first.join(60)
+    second.join(60)
+    counts = stats._counts
+    assert counts[_INDEX["ram_hits"]] == 5 and counts[_INDEX["ram_fills"]] == 3
+    assert type(counts).__name__ == "memmap"  # the file every process's stats read

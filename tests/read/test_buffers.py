@@ -9,7 +9,7 @@ import numpy as np
 import zarr
 
 import zstore
-from zstore.buffers import Slabs
+from zstore.buffers import IDLE_READS, Slabs
 from zstore.format.layout import Span
 from zstore.origin import Origin
 from zstore.read.reader import WindowReader
@@ -43,13 +43,21 @@ def test_ranges_larger_than_a_slab_get_memory_of_their_own():
     assert slabs.in_use() == 0
 
 
-def test_release_idle_drops_the_slabs_after_a_call_with_no_reads():
+def test_release_idle_drops_the_slabs_after_calls_in_a_row_with_no_reads():
     slabs = Slabs(slab_bytes=1000, keep_bytes=4000)
     view = slabs.take(10)
     slabs.release_idle()  # a read since the last call: kept
     assert slabs.in_use() == 1
     del view
-    slabs.release_idle()  # no read since: dropped
+    for _ in range(IDLE_READS - 1):  # windows now and then all from the RAM tier: kept
+        slabs.release_idle()
+    assert len(slabs._slabs) == 1
+    slabs.take(10)
+    for _ in range(IDLE_READS - 1):  # a read in between starts the count again
+        slabs.release_idle()
+    assert len(slabs._slabs) == 1
+    slabs.release_idle()
+    slabs.release_idle()  # IDLE_READS in a row with no read: dropped
     assert slabs._slabs == []
     assert slabs.take(10) is not None
 

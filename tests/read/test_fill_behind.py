@@ -1,6 +1,8 @@
 """The first touch of a shard fills the RAM tier behind the read: the window is served
 from its own chunks at once, the rest of the fill runs in the reader's background
-thread under the node's lock, and nothing waits for it (issue #28)."""
+thread under the node's lock, and nothing waits for it (issue #28).  The decoded form
+(``ram_format="decoded"``); the form the reads fill chunk by chunk is
+tests/read/test_chunk_shards.py."""
 
 from __future__ import annotations
 
@@ -148,7 +150,9 @@ def test_a_chunk_never_written_takes_nothing_of_the_at_hand_budget(
     wav = zarr.open_array(str(store / ITEM / "wav"), mode="r+")
     step = wav.chunks[-1]
     wav[:, (wav.shape[-1] - 1) // step * step :] = 0  # the last chunk: left out by zarr
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
     reader = WindowReader(str(store), cache=cfg, origin_fs=ModelledFileSystem()).open()
     reader.start_builds()
 
@@ -172,7 +176,9 @@ def test_a_fill_that_fails_lets_go_of_its_chunks(small_store, tmp_path, monkeypa
     """A fill that fails leaves its shard out of the tier and drops the chunks it held
     for this process's reads; the next read fetches them again and gets the values."""
     root = zarr.open_group(small_store, mode="r")
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
     fs = ModelledFileSystem()
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
 
@@ -210,7 +216,9 @@ def test_builds_wait_for_the_other_processes_first_reads(small_store, tmp_path, 
     other processes have running (each marks itself under the RAM tier's ``starting``
     directory): with 4 ranks, the ranks served first filled beside the others' first
     batches, and the slowest first batch took ~1.4x as long as with no tiers."""
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
     starting = tmp_path / "ram" / "starting"
     starting.mkdir(parents=True)
     (starting / str(live_process.pid)).touch()  # another rank, on its first read
@@ -244,7 +252,9 @@ def test_a_process_that_forks_or_exits_starts_its_held_builds(small_store, tmp_p
     it forks (DataLoader workers must not inherit them; a torchrun job's workers, forked
     while a rank held its first fills, left shards unfetched) and when it exits (a
     process whose reads all ran while others were on their first reads)."""
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
     starting = tmp_path / "ram" / "starting"
     starting.mkdir(parents=True)
     (starting / str(live_process.pid)).touch()  # another rank, on its first read
@@ -254,7 +264,7 @@ def test_a_process_that_forks_or_exits_starts_its_held_builds(small_store, tmp_p
         "from zstore.format import Span\n"
         "from zstore.read import WindowReader\n"
         "import zstore\n"
-        "cfg = zstore.CacheConfig(ram_dir=sys.argv[2], ram_bytes='64MB', ssd_dir=None)\n"
+        "cfg = zstore.CacheConfig(ram_dir=sys.argv[2], ram_bytes='64MB', ram_format='decoded', ssd_dir=None)\n"
         "reader = WindowReader(sys.argv[1], cache=cfg)\n"
         f"reader.read({ITEM!r}, {{'wav': Span(16000, 48000), 'act': Span(100, 300)}})\n"
         "assert reader.hold.holding and reader.behind.pending\n"
@@ -266,7 +276,9 @@ def test_a_process_that_forks_or_exits_starts_its_held_builds(small_store, tmp_p
     filled = zstore.cache_stats(cfg)["ram"]["fills"]
     assert filled == len(SPANS)  # the wav and act shards, filled as it exited
 
-    other = zstore.CacheConfig(ram_dir=tmp_path / "ram2", ram_bytes="64MB", ssd_dir=None)
+    other = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram2", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
     (tmp_path / "ram2" / "starting").mkdir(parents=True)
     (tmp_path / "ram2" / "starting" / str(live_process.pid)).touch()
     reader = WindowReader(small_store, cache=other)
@@ -289,7 +301,9 @@ def test_builds_wait_for_other_first_reads_only_so_long(
     from zstore.read import _builds
 
     monkeypatch.setattr(_builds, "HOLD_AT_MOST", 0.0)
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
     starting = tmp_path / "ram" / "starting"
     starting.mkdir(parents=True)
     (starting / str(live_process.pid)).touch()
@@ -360,7 +374,9 @@ def test_warm_builds_inline_and_a_fresh_process_reads_from_ram(small_store, tmp_
     """``zstore cache warm`` waits for its fills: when it returns, every shard is in."""
     from zstore.cli.warm import warm
 
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="256MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="256MB", ram_format="decoded", ssd_dir=None
+    )
     warm(small_store, cache=cfg, workers=2, progress=False)
     filled = zstore.cache_stats(cfg)["ram"]["fills"]
     assert filled > 0
@@ -509,7 +525,9 @@ def test_a_first_read_with_a_ram_tier_only_takes_no_fill_lock(
     """With a RAM tier and no SSD tier nothing keeps a window's encoded chunks, so
     fetching them takes no node lock: with 4 ranks, a batch's chunks waited for the
     other ranks' fetches of unrelated chunks on the same lock stripes."""
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ram_format="decoded", ssd_dir=None
+    )
     reader = WindowReader(small_store, cache=cfg).open()
     # the shard indexes first: the RAM tier keeps those, under the lock
     reader.source.index([(reader.layout(ITEM, name), 0) for name in SPANS])
@@ -620,7 +638,7 @@ def after_main_returns(self, *args, **kwargs):
     return real(self, *args, **kwargs)
 
 ShardForm._finish_builds = after_main_returns
-cfg = zstore.CacheConfig(ram_dir=sys.argv[2], ram_bytes="64MB", ssd_dir=None)
+cfg = zstore.CacheConfig(ram_dir=sys.argv[2], ram_bytes="64MB", ram_format="decoded", ssd_dir=None)
 reader = WindowReader(sys.argv[1], cache=cfg, origin_fs=ModelledFileSystem())
 reader.read("%s", {"wav": Span(16000, 48000), "act": Span(100, 300)})
 """
@@ -645,7 +663,7 @@ def test_a_fill_queued_when_the_process_exits_is_finished(small_store, tmp_path)
     )
     assert out.returncode == 0, out.stderr
     assert "failed" not in out.stderr, out.stderr
-    cfg = zstore.CacheConfig(ram_dir=ram, ram_bytes="64MB", ssd_dir=None)
+    cfg = zstore.CacheConfig(ram_dir=ram, ram_bytes="64MB", ram_format="decoded", ssd_dir=None)
     assert zstore.cache_stats(cfg)["ram"]["fills"] > len(SPANS)  # the shards are in
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ FIELDS = (
     + tuple(f"{t}_{f}" for t in TIERS for f in LATER_TIER_FIELDS)
 )
 _INDEX = {name: i for i, name in enumerate(FIELDS)}
+_OPENING = threading.Lock()  # a process's first count, from any of its threads
 _SLOTS = 64  # room to add counters without changing the file size
 
 
@@ -52,14 +54,18 @@ class Stats:
         self._view = memoryview(self._counts)  # type: ignore[arg-type]
 
     def _open(self) -> np.ndarray:
-        if self._pid == os.getpid():
+        with _OPENING:  # threads counting at once make the file once, and wait for it
+            if self._pid == os.getpid():
+                return self._counts
+            self._counts = self._made(os.getpid())
+            self._view = memoryview(self._counts)  # type: ignore[arg-type]
+            # set last: another thread that sees this process's pid counts into the file
+            # (set first, a thread's counts went to the old array while it was made, and
+            # were lost)
+            self._pid = os.getpid()
             return self._counts
-        self._pid = os.getpid()
-        self._counts = self._made()
-        self._view = memoryview(self._counts)  # type: ignore[arg-type]
-        return self._counts
 
-    def _made(self) -> np.ndarray:
+    def _made(self, pid: int) -> np.ndarray:
         """This process's counters: a file in the directory, or memory only."""
         counts = np.zeros(_SLOTS, dtype=np.int64)
         if self.directory is None:
@@ -68,7 +74,7 @@ class Stats:
             if make_dir(self.directory) is not None:
                 return counts  # not a safe place: count in memory only
             fold(self.directory)
-            path = os.path.join(self.directory, f"{self._pid}-{os.urandom(4).hex()}.bin")
+            path = os.path.join(self.directory, f"{pid}-{os.urandom(4).hex()}.bin")
             with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
                 f.write(bytes(8 * _SLOTS))
             return np.memmap(path, dtype=np.int64, mode="r+", shape=(_SLOTS,))

@@ -66,6 +66,8 @@ class TierReads(TierPart):
                 except OSError:  # evicted since the query: a miss
                     value = None
             checked = open_value(value) if value is not None else None
+            if checked is not None and checked.slotted:  # read in place only (slots)
+                value = checked = None
             if checked is not None and not checked.verify(0, len(checked.payload)):
                 checked = None
             if value is not None and checked is None:
@@ -136,13 +138,18 @@ class TierReads(TierPart):
             self._warn("read failed", e)
             return None
         checked = open_value(value)
+        if checked is not None and checked.slotted and not mapped:  # read in place only
+            if count_miss:
+                self.stats.add(f"{self.name}_misses")
+            return None
         if checked is None or not (mapped or checked.verify(0, len(checked.payload))):
             self._corrupt(cache, key, ino=ino)
             return None
         if own:  # written through this object: its blocks need no check (see _own)
             checked.complete = True
-        self.stats.add(f"{self.name}_hits")
-        self.stats.add(f"{self.name}_hit_bytes", len(checked.payload))
+        if not checked.slotted:  # a slotted value's reader counts the slots it reads
+            self.stats.add(f"{self.name}_hits")
+            self.stats.add(f"{self.name}_hit_bytes", len(checked.payload))
         return checked, handle.name, ino
 
     def drop(self, key: str, ino: int = 0) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import diskcache
 import numpy as np
 
 from zstore.cache._space import Refused, rounded
 from zstore.cache._tier_files import TierDisk, Written
 from zstore.cache._tier_parts import TierPart
-from zstore.cache.value import Parts, header
+from zstore.cache.files import open_file
+from zstore.cache.value import HEADER_SIZE, Parts, header, slotted_header
 
 #: A value's file is written before the index's write transaction when the tier's free
 #: room holds this many values of its size; nearer the budget, inside it (after the
@@ -145,6 +147,48 @@ class TierWrites(TierPart):
             f"{self.name}_fill_bytes", sum(len(head) + len(payload) for _, payload, head in todo)
         )
         return len(todo)
+
+    def reserve(self, key: str, nbytes: int) -> bool:
+        """Index an empty slotted value of ``nbytes`` under ``key`` (a sparse file, its
+        slots written in place later: :mod:`zstore.cache.slots`), evicting first as
+        :meth:`put` does; its whole size counts against the budget from now on.  True
+        when ``key`` holds a value afterwards: this one, or one another process indexed
+        first (kept: its slots may be written already)."""
+        cache = self._open()
+        if cache is None:
+            return False
+        if not self.fits(nbytes):
+            self.stats.add(f"{self.name}_bypassed")
+            return False
+        disk: TierDisk = cache.disk
+        path = ""
+        try:
+            filename, path = disk.filename()
+            disk.last_path = None
+            fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            try:
+                os.write(fd, slotted_header(nbytes))
+                os.ftruncate(fd, HEADER_SIZE + nbytes)
+            finally:
+                os.close(fd)
+            size = rounded(HEADER_SIZE + nbytes)
+            stored = (size, diskcache.core.MODE_BINARY, filename, None)
+            with cache._transact(retry=True) as (sql, cleanup):
+                if sql("SELECT 1 FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchone():
+                    self._unlink([path])
+                    return True
+                evicted = self.room.make(cache, sql, cleanup, size, key)
+                cache.set(key, Written(stored, path), read=True, retry=True)
+            self.evictions.record(evicted)
+        except Refused:  # admission keeps the resident values
+            self._unlink([path])
+            self.stats.add(f"{self.name}_rejected")
+            return False
+        except Exception as e:  # full tmpfs, deleted or read-only directory
+            self._unlink([path] if path else [])
+            self._warn("write failed", e)
+            return False
+        return True
 
     @staticmethod
     def _unlink(paths: list[str]) -> None:

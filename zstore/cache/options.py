@@ -19,7 +19,7 @@ from zstore.units import parse_size
 from zstore.urls import on_local_disk
 
 AUTO = "auto"
-RAM_FORMATS = ("auto", "decoded", "encoded")
+RAM_FORMATS = ("auto", "chunks", "decoded", "encoded")
 
 
 def _meminfo_bytes(field: str) -> int:
@@ -154,7 +154,8 @@ class CacheConfig:
         ram_format = str(raw["ram_format"])
         if ram_format not in RAM_FORMATS:
             raise ConfigError(
-                f"{origin['ram_format']} must be 'auto', 'decoded' or 'encoded', got {ram_format!r}"
+                f"{origin['ram_format']} must be 'auto', 'chunks', 'decoded' or 'encoded', "
+                f"got {ram_format!r}"
             )
         fetch = str(raw["fetch"])
         if fetch not in ("auto", "range", "shard"):

@@ -8,6 +8,13 @@ two in one process, ahead with 4 ranks), with admission keeping the resident sha
 a window whose shard is resident is a copy, the others decode their chunks from the SSD
 tier.  Only when no SSD tier can hold the store does the compressed form earn the RAM:
 it keeps ~2x more of the store off the origin.
+
+Where the decoded data fits the budget and the store is read by ranges (a local disk,
+or no SSD tier to hold it whole), the tier holds ``"chunks"``: decoded shards filled
+chunk by chunk by the reads themselves (``zstore.read._chunk_shards``), so the first
+epoch decodes nothing for the tier alone (docs/benchmarks.md, "The first epoch").  A
+remote store fetched into the SSD tier whole keeps whole decoded shards, built behind
+reads that wait on the origin anyway.
 """
 
 from __future__ import annotations
@@ -26,17 +33,21 @@ from zstore.units import format_size
 class FormatChoice:
     """What the RAM tier holds for one store, and why."""
 
-    format: str  # "decoded" or "encoded"
+    format: str  # "chunks", "decoded" or "encoded"
     reason: str
     decoded_bytes: int
     stored_bytes: int
     budget: int
 
 
-def choose(config: ResolvedCache, decoded_bytes: int, stored_bytes: int) -> FormatChoice:
+def choose(
+    config: ResolvedCache, decoded_bytes: int, stored_bytes: int, *, whole_shards: bool = True
+) -> FormatChoice:
     """The RAM format for a store whose fields take ``decoded_bytes`` as decoded shards
     in the RAM tier (float int16 samples as int16: ``Sizes.ram_bytes``) and
-    ``stored_bytes`` compressed, under ``config`` (``ram_format`` "auto" or explicit)."""
+    ``stored_bytes`` compressed, under ``config`` (``ram_format`` "auto" or explicit).
+    ``whole_shards``: the reader fetches whole shards into the SSD tier (a remote origin
+    whose store the SSD tier holds), else the windows' chunks by ranges."""
     budget = config.ram_bytes if config.ram_dir else 0
     sizes = (
         f"decoded {format_size(decoded_bytes)} in RAM, stored {format_size(stored_bytes)}, "
@@ -47,6 +58,15 @@ def choose(config: ResolvedCache, decoded_bytes: int, stored_bytes: int) -> Form
             config.ram_format, f"set explicitly ({sizes})", decoded_bytes, stored_bytes, budget
         )
     ssd_holds_store = config.ssd_dir is not None and config.ssd_bytes >= stored_bytes
+    if budget >= decoded_bytes and not whole_shards:
+        return FormatChoice(
+            "chunks",
+            "the decoded data fits the RAM budget and the store is read by ranges: the "
+            f"reads fill the tier with the chunks they decode ({sizes})",
+            decoded_bytes,
+            stored_bytes,
+            budget,
+        )
     if budget >= decoded_bytes:
         why = "the decoded data fits the RAM budget"
     elif not ssd_holds_store and budget >= stored_bytes:

@@ -100,17 +100,18 @@ class TieredCache:
         )
         if self.ram is not None:
             warn_if_tmpfs_too_small(self.ram.directory, self.ram.budget)
-        #: What the RAM tier holds for this store: "decoded" or "encoded" (the reader
-        #: settles "auto" once it knows the store's size, see zstore.cache.ram_format).
-        self.ram_format = "encoded" if config.ram_format == "encoded" else "decoded"
+        #: What the RAM tier holds for this store: "chunks", "decoded" or "encoded" (the
+        #: reader settles "auto" once it knows the store's size, see
+        #: zstore.cache.ram_format).
+        self.ram_format = config.ram_format if config.ram_format != "auto" else "decoded"
         lock_dir = self.node_dir("locks")
         self.fill_locks = StripedLocks(lock_dir, "e") if lock_dir else None
         self.decode_locks = StripedLocks(lock_dir, "d") if lock_dir else None
 
     @property
     def decoded(self) -> bool:
-        """True when the RAM tier holds decoded shards (the reader's fast path)."""
-        return self.ram is not None and self.ram_format == "decoded"
+        """True when the RAM tier holds decoded chunks or shards (the reader's fast path)."""
+        return self.ram is not None and self.ram_format in ("chunks", "decoded")
 
     def node_dir(self, name: str) -> str | None:
         """Like the module's :func:`node_dir`, from the directories checked at start."""

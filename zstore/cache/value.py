@@ -4,6 +4,11 @@ payload, 64-byte aligned so decoded arrays map zero-copy.
 A *blocked* value (flag 1) carries one crc32c per 128 KiB block of its payload, and the
 header's crc covers that table.  A process that maps a large decoded shard then checks
 only the blocks it reads, the first time it reads them, instead of the whole value.
+
+A *slotted* value (flag 2) is written in place after it is indexed: a file of its full
+size, sparse until its slots are written one by one, each with its own crc32c and a
+presence byte (:mod:`zstore.cache.slots`).  Its header's crc covers the flags and the
+length only; its payload is checked slot by slot, never whole.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ MAGIC = b"ZSV1"
 HEADER = struct.Struct("<4sIQI")  # magic, flags, payload length, crc32c
 HEADER_SIZE = 64
 BLOCKED = 1
+SLOTTED = 2
 BLOCK = 128 * 1024
 
 
@@ -43,6 +49,12 @@ def header(payload: bytes | memoryview, *, blocked: bool = False) -> bytes:
     head = HEADER.pack(MAGIC, BLOCKED, len(payload), crc32c(table))
     start = HEADER_SIZE + len(table)
     return head + bytes(HEADER_SIZE - HEADER.size) + table + bytes(_align(start) - start)
+
+
+def slotted_header(nbytes: int) -> bytes:
+    """The header of a slotted value of ``nbytes`` (see :mod:`zstore.cache.slots`)."""
+    crc = crc32c(struct.pack("<IQ", SLOTTED, nbytes))
+    return HEADER.pack(MAGIC, SLOTTED, nbytes, crc) + bytes(HEADER_SIZE - HEADER.size)
 
 
 class Parts(io.RawIOBase):
@@ -79,6 +91,8 @@ class Checked:
         self._done = None if table is None else np.zeros(len(table), dtype=bool)
         self.complete = table is None
         self._map, self._offset = mapped, offset  # the payload's map and where it starts
+        #: a slotted value: checked slot by slot by its reader (zstore.cache.slots)
+        self.slotted = False
 
     def prefetch(self, start: int, stop: int) -> None:
         """Ask the kernel to read payload bytes [start, stop) of a mapped value in now,
@@ -125,6 +139,13 @@ def open_value(value: Any) -> Checked | None:
     if magic != MAGIC:
         return None
     view = memoryview(value)
+    if flags == SLOTTED:
+        payload = view[HEADER_SIZE:]
+        if len(payload) != length or crc32c(struct.pack("<IQ", flags, length)) != crc:
+            return None
+        checked = Checked(payload, None)
+        checked.slotted = True
+        return checked
     if not flags & BLOCKED:
         payload = view[HEADER_SIZE:]
         if len(payload) != length or crc32c(payload) != crc:

@@ -11,7 +11,7 @@ from typing import Any
 from zstore.cache import CacheConfig
 from zstore.errors import ConfigError
 from zstore.format import Span, read_manifest
-from zstore.read import WindowReader
+from zstore.read import WindowReader, complete_in
 
 
 def warm(
@@ -128,7 +128,8 @@ def share_residency(
     storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """How much of a node's share of a store (as NodeSampler assigns it) the RAM tier
-    holds now: shards of the share, and how many of them are resident (either form)."""
+    holds now: shards of the share, and how many of them are resident (whole in any
+    form: a shard the reads fill chunk by chunk counts once every chunk is in)."""
     from zstore.cache import TieredCache
     from zstore.format import parse_array_meta
 
@@ -143,12 +144,15 @@ def share_residency(
             meta = metas.get(f"{item}/{name}")
             if meta is None:
                 continue
-            layout = parse_array_meta(f"{item}/{name}", meta, manifest.arrays[name].time_axis)
+            info = manifest.arrays[name]
+            layout = parse_array_meta(f"{item}/{name}", meta, info.time_axis, info.values)
             for s in range(-(-layout.length // layout.shard)):
                 total += 1
                 if db is not None and any(
                     tiers.key(f"{layout.object_key(s)}{form}") in db for form in ("#D", "#E")
                 ):
+                    resident += 1
+                elif db is not None and complete_in(tiers, layout, s):
                     resident += 1
     return {
         "node": node_rank,

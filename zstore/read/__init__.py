@@ -9,12 +9,14 @@ May import: :mod:`zstore.format`, :mod:`zstore.cache` and the shared leaves.  Ne
 :mod:`zstore.train`, :mod:`zstore.convert` or torch.
 """
 
+from zstore.read._slot_shards import complete_in
 from zstore.read._window_copy import window_shape
 from zstore.read._zarr_store import CachedStore, open_store
 from zstore.read.reader import WindowReader
 from zstore.read.streamcopy import copy_streamed, streaming
 
 __all__ = [
+    "complete_in",
     "CachedStore",
     "copy_streamed",
     "open_store",

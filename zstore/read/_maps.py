@@ -49,20 +49,27 @@ class MappedValues:
         _start_unmapper(self)
 
     def get(
-        self, key: str, make_view: Callable[[Checked], Any], *, again: bool = False
+        self,
+        key: str,
+        make_view: Callable[[Checked], Any],
+        *,
+        again: bool = False,
+        counted: bool = True,
     ) -> Mapped | None:
         """The mapped value of ``key`` (mapping it on first use), or None when the tier
         lacks it or ``make_view`` rejects it (returns None).  ``again``: a recheck under
-        a build lock, not counted as a miss."""
+        a build lock, not counted as a miss; ``counted=False``: neither a hit nor a miss
+        is counted, nor an access (the caller counts what it reads)."""
         entry = self.maps.get(key)
         if entry is not None:
             if self.tier.evictions.head() != self.evicted_seen:
                 self.drop_evicted()
-                return self.get(key, make_view, again=again)
-            self.tier.stats.add(f"{self.tier.name}_hits")
-            self.tier.touch(key)
+                return self.get(key, make_view, again=again, counted=counted)
+            if counted:
+                self.tier.stats.add(f"{self.tier.name}_hits")
+                self.tier.touch(key)
             return entry
-        got = self.tier.get_mapped(key, count_miss=not again)
+        got = self.tier.get_mapped(key, count_miss=counted and not again)
         if got is None:
             return None
         checked, path, ino = got

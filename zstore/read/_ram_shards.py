@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache import Checked, TieredCache
+from zstore.cache import Checked
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, Span, decode_chunk, strip_crc
 from zstore.origin import describe
-from zstore.read._builds import MAX_AT_HAND_BYTES, BehindBuilds, ByteBudget
-from zstore.read._chunks import ChunkSource
+from zstore.read._builds import MAX_AT_HAND_BYTES, ByteBudget
 from zstore.read._fill_chunks import FillChunks
-from zstore.read._maps import Mapped, MappedValues
+from zstore.read._maps import Mapped
+from zstore.read._ram_form import RamForm
 from zstore.read._shard_fills import ShardFills
 from zstore.read._shard_pieces import (
     Lazy,
@@ -44,31 +44,16 @@ from zstore.read.streamcopy import widen
 
 log = logging.getLogger("zstore")
 
-MAX_KEYS = 1 << 16  # shard keys a form remembers (a dict of short strings)
 
-
-class ShardForm(ShardFills, abc.ABC):
+class ShardForm(RamForm, ShardFills, abc.ABC):
     """What the two forms share: lookups through the maps, admission, building."""
 
-    suffix = ""
     #: Shards that displace resident ones are built behind the reads (zstore.read._builds).
     later = False
-    #: Build shards in the read that first touches them, waiting for the node's lock
-    #: (``zstore cache warm``), instead of behind the reads.
-    inline = False
 
-    def __init__(
-        self,
-        url: str,
-        tiers: TieredCache,
-        source: ChunkSource,
-        values: MappedValues,
-        behind: BehindBuilds,
-    ):
-        self.url, self.tiers, self.source, self.values = url, tiers, source, values
-        self.ram = values.tier
-        self.chunk_bytes = 0  # decoded bytes of chunks read since the heap was last trimmed
-        self.behind = behind  # the reader's fills queue (zstore.read._builds)
+    def __init__(self, *args: Any, **kwargs: Any):  # RamForm's
+        super().__init__(*args, **kwargs)
+        source = self.source
         #: bytes of shard objects in memory that queued fills hold (see _hand_off)
         self.at_hand = ByteBudget(MAX_AT_HAND_BYTES)
         #: the builder thread's own chunk source: it fetches without the readers' lock
@@ -76,19 +61,6 @@ class ShardForm(ShardFills, abc.ABC):
         #: chunks the queued fills hold, which this process's reads take from memory,
         #: and the fetches of their other chunks behind the reads (a source of its own)
         self.fill_chunks = FillChunks(source.for_thread())
-        # tier keys by (array path, shard): a batch of short windows looks up ~50 shards
-        self._keys: dict[tuple[str, int], str] = {}
-
-    def key(self, layout: ArrayLayout, s: int) -> str:
-        """The tier key of shard ``s`` of ``layout`` in this form."""
-        key = self._keys.get((layout.path, s))
-        if key is None:
-            if len(self._keys) >= MAX_KEYS:
-                self._keys.clear()
-            key = self._keys[(layout.path, s)] = self.tiers.key(
-                f"{layout.object_key(s)}{self.suffix}"
-            )
-        return key
 
     def _shards(self, layout: ArrayLayout, span: Span) -> Iterator[tuple[int, str]]:
         """The shards ``span`` of ``layout`` lies in, with their tier keys."""

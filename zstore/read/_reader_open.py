@@ -26,6 +26,7 @@ from zstore.cache import record as record_format
 from zstore.format import VERIFIED, ArrayLayout, field_sizes, read_manifest, verified_tables
 from zstore.origin import Origin
 from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds, FirstReadHold
+from zstore.read._chunk_shards import ChunkShards
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
 from zstore.read._ram_shards import DecodedShards, EncodedShards, ShardForm
@@ -35,6 +36,12 @@ from zstore.read._replaced import StoreCheck
 from zstore.read._shard_pieces import drop_reused_scratch
 from zstore.urls import is_url, local_path
 
+#: the reader's RAM-tier form for each ``ram_format``
+FORMS: dict[str, type[ShardForm] | type[ChunkShards]] = {
+    "chunks": ChunkShards,
+    "decoded": DecodedShards,
+    "encoded": EncodedShards,
+}
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
 
 
@@ -114,7 +121,6 @@ class ReaderSetup(ItemPlaces):
             self._header = self.manifest.header()
         if resolved and self.tiers is None:
             self.tiers = TieredCache(resolved, self.manifest.store_id)
-        self.format_choice = self._choose_format(resolved) if self.tiers and resolved else None
         self.origin = Origin(
             self.url,
             self.storage_options,
@@ -128,6 +134,7 @@ class ReaderSetup(ItemPlaces):
             and resolved.ssd_bytes >= int(self.manifest.extra.get("store_bytes", 2**62))
         )
         self.fetch = self._fetch_mode(resolved)
+        self.format_choice = self._choose_format(resolved) if self.tiers and resolved else None
         #: this process's work behind the reads: RAM fills, and whole-shard SSD writes;
         #: both held until its first read is served (see ``start_builds``), and
         #: HOLD_AT_MOST seconds after it at the latest
@@ -148,10 +155,10 @@ class ReaderSetup(ItemPlaces):
         #: packed items' batch records: their attributes and arrays stored whole
         self.records = BatchRecords(self.url, self.manifest, self._stored_bytes)
         self.values: MappedValues | None = None
-        self.form: ShardForm | None = None
+        self.form: ShardForm | ChunkShards | None = None
         if self.tiers is not None and self.tiers.ram is not None:
             self.values = MappedValues(self.tiers.ram)
-            kind = DecodedShards if self.tiers.ram_format == "decoded" else EncodedShards
+            kind = FORMS[self.tiers.ram_format]
             self.form = kind(self.url, self.tiers, self.source, self.values, self.behind)
         self._lock = self.values.lock if self.values is not None else threading.Lock()
         self._group: Any = None
@@ -164,12 +171,14 @@ class ReaderSetup(ItemPlaces):
         """Settle ``ram_format`` for this store and size the tiers' admission periods."""
         tiers: TieredCache = self.tiers  # type: ignore[assignment]
         sizes = field_sizes(self.manifest, self._metas, self.fields)
-        choice = choose_format(resolved, sizes.ram_bytes, sizes.stored_bytes)
+        choice = choose_format(
+            resolved, sizes.ram_bytes, sizes.stored_bytes, whole_shards=self.fetch == "shard"
+        )
         tiers.ram_format = choice.format
         # Halve the access counts every few passes over the values (see cache.admission).
         if tiers.ram is not None:
             tiers.ram.set_period(
-                PASSES * (sizes.shards if choice.format == "decoded" else sizes.chunks)
+                PASSES * (sizes.shards if choice.format in ("chunks", "decoded") else sizes.chunks)
             )
         if tiers.ssd is not None:
             tiers.ssd.set_period(PASSES * sizes.chunks)

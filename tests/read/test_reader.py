@@ -448,12 +448,13 @@ def test_shard_indexes_stay_out_of_the_ram_tier_for_a_store_on_a_local_disk(
     assert reader.format_choice is not None and reader.format_choice.format == "chunks"
     want = zarr.open_group(small_store, mode="r")["utt000002/wav"][:, 16000:48000]
     spans = {"wav": Span(16000, 48000), "act": Span(100, 300)}
-    np.testing.assert_array_equal(reader.read("utt000002", spans)["wav"], want)
+    for _ in range(2):  # the first read writes nothing in the tier; the second does
+        np.testing.assert_array_equal(reader.read("utt000002", spans)["wav"], want)
     assert reader.settle(timeout=120)
     keys = [k for k in reader.tiers.ram._open().iterkeys()]
     indexes = [k for k in keys if "#s" in k]
     assert len(indexes) == (0 if fs_type == "ext4" else len(spans))
-    assert len(keys) - len(indexes) == len(spans)  # the two shards, written behind the read
+    assert len(keys) - len(indexes) == len(spans)  # the two shards
     before = zstore.cache_stats(cfg)["ram"]
     np.testing.assert_array_equal(reader.read("utt000002", spans)["wav"], want)
     after = zstore.cache_stats(cfg)["ram"]

@@ -1,6 +1,6 @@
 """What the form the reads fill (:mod:`zstore.read._chunk_shards`) writes: a decoded
 chunk into its slot (narrowed to int16 samples where the array holds them), and, behind
-the reads, the chunks the first reads decoded and the rest of a shard mostly read."""
+the reads, the rest of a shard mostly read."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zstore.cache import TieredCache
 from zstore.format import ArrayLayout
 from zstore.read._builds import FORK_GATE, BehindBuilds
 from zstore.read._chunks import ChunkSource
@@ -35,6 +36,7 @@ class ChunkFills:
 
     if TYPE_CHECKING:
         url: str
+        tiers: TieredCache
         ram: Any
         values: MappedValues
         behind: BehindBuilds
@@ -52,7 +54,9 @@ class ChunkFills:
 
     def _complete_later(self, layout: ArrayLayout, s: int, shard: SlotShard) -> None:
         """Queue the rest of shard ``s`` behind the reads once COMPLETE_AT of its chunks
-        are in the tier (once per process)."""
+        are in the tier (once per process; called when a read found every chunk it wanted
+        of the shard in the tier: in the first epoch, while the reads still decode most
+        of their chunks, this work would take their CPU)."""
         if shard.complete:
             return
         written = int(shard.slots.present.sum())
@@ -67,40 +71,27 @@ class ChunkFills:
 
     def _complete(self, layout: ArrayLayout, s: int, shard: SlotShard, done: Any) -> None:
         """Decode and write the chunks of shard ``s`` not in the tier (the builder
-        thread: :mod:`zstore.read._builds`)."""
-        first = s * layout.chunks_per_shard
-        missing = [j for j in range(shard.slots.n) if not shard.has(j)]
-        need = [(layout, first + j) for j in missing]
-        with FORK_GATE.held():  # its fetch (SQLite) and decoding (blosc)
-            raw = self.builder_source.raw(need, ram=False)
-            for j, (request, data) in zip(missing, raw):
-                if shard.has(j):  # written by a read meanwhile
-                    continue
-                decode = partial(self.builder_source.decode, layout, request, data)
-                self._write(layout, shard, j, Lazy(layout, decode).decoded())
-            del raw
-
-    def _refill(self, held: list[tuple[ArrayLayout, int]], done: Any) -> None:
-        """Write the chunks the first reads decoded, which they left out of the tier (the
-        builder thread, once they are served: ``zstore.read._builds``)."""
-        shards: dict[tuple[str, int], SlotShard | None] = {}
-        todo: list[tuple[ArrayLayout, int, SlotShard, int]] = []
-        with FORK_GATE.held():  # its lookups and fetch (SQLite) and decoding (blosc)
-            with self.values.lock:
-                for layout, k in held:
-                    s, j = divmod(k, layout.chunks_per_shard)
-                    if (layout.path, s) not in shards:
-                        shards[(layout.path, s)] = self._shard(layout, s, True)
-                    shard = shards[(layout.path, s)]
-                    if shard is not None and not shard.has(j):
-                        todo.append((layout, k, shard, j))
-            raw = self.builder_source.raw([(layout, k) for layout, k, _, _ in todo], ram=False)
-            for (layout, _, shard, j), (request, data) in zip(todo, raw):
-                if shard.has(j):  # written by a read meanwhile
-                    continue
-                decode = partial(self.builder_source.decode, layout, request, data)
-                self._write(layout, shard, j, Lazy(layout, decode).decoded())
-            del raw
+        thread: :mod:`zstore.read._builds`), under the node's lock for the shard: a
+        shard another process is completing is left to it."""
+        locks = self.tiers.decode_locks
+        held = locks.acquire([self.key(layout, s)], wait=False) if locks is not None else []
+        if held is None:
+            return
+        try:
+            first = s * layout.chunks_per_shard
+            missing = [j for j in range(shard.slots.n) if not shard.has(j)]
+            need = [(layout, first + j) for j in missing]
+            with FORK_GATE.held():  # its fetch (SQLite) and decoding (blosc)
+                raw = self.builder_source.raw(need, ram=False)
+                for j, (request, data) in zip(missing, raw):
+                    if shard.has(j):  # written by a read meanwhile
+                        continue
+                    decode = partial(self.builder_source.decode, layout, request, data)
+                    self._write(layout, shard, j, Lazy(layout, decode).decoded())
+                del raw
+        finally:
+            if locks is not None:
+                locks.release(held)
 
     def _write(self, layout: ArrayLayout, shard: SlotShard, j: int, chunk: np.ndarray) -> None:
         """Write a decoded chunk into slot ``j``, in the reading thread: narrowed to its

@@ -34,10 +34,6 @@ from zstore.read._ram_form import RamForm
 from zstore.read._shard_pieces import Lazy, Pieces, Plan, in_shard
 from zstore.read._slot_shards import SUFFIX, SlotShard, geometry
 
-#: Chunks the first reads may queue to be written behind them (a first batch of 16
-#: windows of 10 s decodes ~200).
-MAX_HELD = 4096
-
 
 class ChunkShards(RamForm, ChunkFills):
     """Shards in the RAM tier as slots of decoded chunks, written by the reads."""
@@ -47,9 +43,6 @@ class ChunkShards(RamForm, ChunkFills):
     def __init__(self, *args: Any, **kwargs: Any):  # RamForm's
         super().__init__(*args, **kwargs)
         self._start_fills(self.source)
-        #: chunks decoded while the first reads were held, queued to be written behind
-        #: the reads once they are served
-        self._held = 0
 
     def nbytes(self, layout: ArrayLayout, s: int) -> int:
         """Bytes shard ``s`` takes in the tier (what admission weighs)."""
@@ -62,7 +55,9 @@ class ChunkShards(RamForm, ChunkFills):
         the tier holds is a piece of its own, and the others are read and decoded as
         they are copied out, and written into their slots then.  Until the node's first
         reads are served (the reader's hold on its builds: ``zstore.read._builds``) the
-        tier is only read: a fresh job's first batches cost what they cost with no tier."""
+        tier is only read: a fresh job's first batches cost what they cost with no tier
+        (their chunks are written when they are read again).  Re-decoding them behind the
+        reads took CPU from the first epoch's reads: ~100 chunks per rank."""
         fill = self.inline or not self.behind.held
         pieces: Pieces = {}
         need: list[tuple[ArrayLayout, int]] = []
@@ -77,13 +72,13 @@ class ChunkShards(RamForm, ChunkFills):
                     shard = shards[(layout.path, s)]
                 else:
                     shard = shards[(layout.path, s)] = self._shard(layout, s, fill)
-                    if fill and shard is not None:
-                        self._complete_later(layout, s, shard)
                 part = in_shard(layout, s, span)
                 ks = layout.chunks_for(part.start, part.stop)
                 if shard is not None and shard.holds(ks.start - s * per, ks.stop - s * per):
                     if (layout.path, s) not in pieces:
                         pieces[(layout.path, s)] = (s * layout.shard, shard.array)
+                        if fill:
+                            self._complete_later(layout, s, shard)
                     hits += len(ks)
                     hit_bytes += len(ks) * shard.chunk_bytes
                     continue
@@ -106,9 +101,6 @@ class ChunkShards(RamForm, ChunkFills):
         if not need:
             return pieces
         stats.add("ram_misses", len(need))
-        if not fill and self._held < MAX_HELD:  # written behind once the hold is over
-            self._held += len(need)
-            self.behind.submit(f"{self.url}#held{self._held}", partial(self._refill, need))
         self.chunk_bytes += sum(layout.chunk_nbytes for layout, _ in need)
         raw = self.source.raw(need, ram=False)
         for (layout, k), (request, data), (shard, j, write) in zip(need, raw, into):

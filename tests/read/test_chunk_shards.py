@@ -326,3 +326,23 @@ def test_shards_mostly_read_are_completed_behind_the_reads(tmp_path):
         got.view(np.uint32), data["rec0"]["wav"][:, 58 * 16000 : 63 * 16000].view(np.uint32)
     )
     assert _ram(cache)["misses"] == before
+
+
+def test_packed_short_items_keep_whole_shards_and_read_right_as_chunks(packed_store, tmp_path):
+    """Short items packed together are read a batch at a time out of whole decoded
+    shards: ``auto`` keeps that form for them.  Asked for, the form the reads fill reads
+    their windows right too."""
+    fits = zstore.CacheConfig(ram_dir=tmp_path / "auto", ram_bytes="256MB", ssd_dir=None)
+    chosen = WindowReader(packed_store, cache=fits).open().format_choice
+    assert chosen is not None and chosen.format == "decoded"
+    ref = zstore.WindowDataset(packed_store, window_seconds=0.5, seed=1, cache=False)
+    ds = zstore.WindowDataset(packed_store, window_seconds=0.5, seed=1, cache=_cache(tmp_path))
+    for epoch in (0, 0, 1):
+        ref.set_epoch(epoch)
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            got, want = ds[i], ref[i]
+            for name, value in want.items():
+                if hasattr(value, "numpy"):
+                    assert np.array_equal(got[name].numpy(), value.numpy()), (epoch, i, name)
+    assert _ram(_cache(tmp_path))["hits"] > 0

@@ -10,7 +10,7 @@ tier.  Only when no SSD tier can hold the store does the compressed form earn th
 it keeps ~2x more of the store off the origin.
 
 Where the decoded data fits the budget and the store is read by ranges (a local disk,
-or no SSD tier to hold it whole), the tier holds ``"chunks"``: decoded shards filled
+or no SSD tier to hold it whole; items not packed), the tier holds ``"chunks"``: decoded shards filled
 chunk by chunk by the reads themselves (``zstore.read._chunk_shards``), so the first
 epoch decodes nothing for the tier alone (docs/benchmarks.md, "The first epoch").  A
 remote store fetched into the SSD tier whole keeps whole decoded shards, built behind
@@ -46,8 +46,9 @@ def choose(
     """The RAM format for a store whose fields take ``decoded_bytes`` as decoded shards
     in the RAM tier (float int16 samples as int16: ``Sizes.ram_bytes``) and
     ``stored_bytes`` compressed, under ``config`` (``ram_format`` "auto" or explicit).
-    ``whole_shards``: the reader fetches whole shards into the SSD tier (a remote origin
-    whose store the SSD tier holds), else the windows' chunks by ranges."""
+    ``whole_shards``: the reader reads whole shards: fetched whole into the SSD tier (a
+    remote origin whose store the SSD tier holds), or gathered a batch at a time (short
+    items packed together); else the windows' chunks by ranges."""
     budget = config.ram_bytes if config.ram_dir else 0
     sizes = (
         f"decoded {format_size(decoded_bytes)} in RAM, stored {format_size(stored_bytes)}, "

@@ -172,7 +172,11 @@ class ReaderSetup(ItemPlaces):
         tiers: TieredCache = self.tiers  # type: ignore[assignment]
         sizes = field_sizes(self.manifest, self._metas, self.fields)
         choice = choose_format(
-            resolved, sizes.ram_bytes, sizes.stored_bytes, whole_shards=self.fetch == "shard"
+            resolved,
+            sizes.ram_bytes,
+            sizes.stored_bytes,
+            # packed short items: a batch's windows are one gather out of whole shards
+            whole_shards=self.fetch == "shard" or self.manifest.placement is not None,
         )
         tiers.ram_format = choice.format
         # Halve the access counts every few passes over the values (see cache.admission).

@@ -61,9 +61,9 @@ def test_the_choice_is_recorded_for_cache_stats(small_store, tmp_path):
         ram_dir=tmp_path / "ram", ram_bytes="1MB", ssd_dir=tmp_path / "ssd", ssd_bytes="64MB"
     )
     reader = WindowReader(small_store, cache=cfg).open()
-    assert reader.format_choice.format == "decoded"
+    assert reader.format_choice.format == "chunks"  # a local store: read by ranges
     formats = zstore.cache_stats(cfg)["formats"]
-    assert formats[reader.manifest.store_id]["format"] == "decoded"
+    assert formats[reader.manifest.store_id]["format"] == "chunks"
     text = zstore_cli(
         "cache",
         "stats",
@@ -74,7 +74,8 @@ def test_the_choice_is_recorded_for_cache_stats(small_store, tmp_path):
         "--ssd-dir",
         str(tmp_path / "ssd"),
     )
-    assert "RAM tier holds decoded data" in text.stdout and "fits" in text.stdout
+    assert "RAM tier holds decoded data, filled by the reads" in text.stdout
+    assert "fits" in text.stdout
 
 
 def test_cache_stats_lists_the_latest_formats_and_clear_forgets_them(small_store, tmp_path):
@@ -369,3 +370,19 @@ def test_a_failed_build_behind_the_reads_is_logged_and_reads_go_on(
         logging.getLogger("zstore").removeHandler(records)
     assert any("disk full (simulated)" in m and items[-1] in m for m in records.messages)
     assert not reader.form.behind.pending
+
+
+@pytest.mark.parametrize(
+    "ram,ssd,expected",
+    [
+        (400 * GB, 200 * GB, "chunks"),  # the decoded data fits
+        (100 * GB, 200 * GB, "chunks"),  # a third fits decoded; the SSD tier has the store
+        (200 * GB, 0, "encoded"),  # no SSD tier: the compressed store fits RAM
+        (100 * GB, 0, "chunks"),  # not even the compressed store fits: decoded share
+    ],
+)
+def test_auto_format_choice_for_a_store_read_by_ranges(tmp_path, ram, ssd, expected):
+    """Read by ranges (not fetched whole, not packed), the decoded form is the one the
+    reads fill; the compressed form's choice is the same."""
+    choice = choose(resolved(tmp_path, ram, ssd), 300 * GB, 155 * GB, whole_shards=False)
+    assert choice.format == expected

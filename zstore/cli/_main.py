@@ -16,6 +16,12 @@ from zstore.units import format_size
 
 #: Stores whose RAM format ``zstore cache stats`` prints (the latest opened first).
 SHOWN_FORMATS = 10
+#: what ``zstore cache stats`` says each RAM format holds
+FORMAT_WORDS = {
+    "chunks": "decoded data, filled by the reads",
+    "decoded": "decoded data",
+    "encoded": "encoded data",
+}
 
 
 def _pairs(
@@ -264,7 +270,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"origin {label}: {o['requests']} requests, {format_size(o['bytes'])}")
     formats = list(stats.get("formats", {}).items())  # the latest first
     for store_id, choice in formats[:SHOWN_FORMATS]:
-        print(f"store {store_id}: RAM tier holds {choice['format']} data: {choice['reason']}")
+        what = FORMAT_WORDS.get(str(choice["format"]), f"{choice['format']} data")
+        print(f"store {store_id}: RAM tier holds {what}: {choice['reason']}")
     if len(formats) > SHOWN_FORMATS:
         print(
             f"... and {len(formats) - SHOWN_FORMATS} stores opened earlier "

@@ -80,7 +80,9 @@ def choose(
             "rest as compressed chunks"
         )
     if not whole_shards:
-        why += " (the store is read by ranges: the reads fill the tier with the chunks they decode)"
+        why += (
+            "; the store is read by ranges, so the reads fill the tier with the chunks they decode"
+        )
     return FormatChoice(
         "decoded" if whole_shards else "chunks",
         f"{why} ({sizes})",

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import write_h5
+from test_int16_shards import check_epoch
 
 import zstore
 from zstore.cache.slots import Slots
@@ -76,20 +77,6 @@ def _dataset(store: str, cache: zstore.CacheConfig | bool) -> zstore.WindowDatas
     )
 
 
-def _check_epoch(ds: zstore.WindowDataset, data: dict[str, dict], epoch: int) -> None:
-    """Every window of an epoch equals the HDF5 source bit for bit."""
-    ds.set_epoch(epoch)
-    for i in range(len(ds)):
-        w = ds[i]
-        start, n = round(w["start"] * 100), int(w["length"])
-        src = data[w["item"]]
-        wav = w["wav"].numpy()[:, : n * 160]
-        want = src["wav"][:, start * 160 : (start + n) * 160]
-        assert np.array_equal(wav.view(np.uint32), want.view(np.uint32)), (w["item"], start)
-        assert np.array_equal(w["act"].numpy()[:, :n], src["act"][:, start : start + n])
-        assert np.array_equal(w["spec"].numpy()[:, :n], src["spec"][:, start : start + n])
-
-
 def _ram(cache: zstore.CacheConfig) -> dict:
     return zstore.cache_stats(cache)["ram"]
 
@@ -99,16 +86,16 @@ def test_reads_fill_the_tier_and_later_reads_take_it_from_there(tmp_path, kind):
     store, data = _store(tmp_path, kind)
     cache = _cache(tmp_path)
     ds = _dataset(store, cache)
-    _check_epoch(ds, data, 0)
+    check_epoch(ds, data, 0)
     first = _ram(cache)
     assert first["fills"] > 0 and first["corrupt"] == 0
-    _check_epoch(ds, data, 0)  # the same windows: the tier's chunks, and the first
+    check_epoch(ds, data, 0)  # the same windows: the tier's chunks, and the first
     second = _ram(cache)  # read's (it wrote nothing) decoded and written now
     assert second["hits"] > first["hits"] and second["misses"] - first["misses"] <= 5
-    _check_epoch(ds, data, 0)  # every chunk from the tier
+    check_epoch(ds, data, 0)  # every chunk from the tier
     again = _ram(cache)
     assert again["misses"] == second["misses"] and again["hits"] > second["hits"]
-    _check_epoch(ds, data, 1)
+    check_epoch(ds, data, 1)
     assert ds.settle(timeout=120)
     assert _ram(cache)["corrupt"] == 0
 
@@ -225,7 +212,7 @@ def test_values_evicted_under_a_small_budget_read_the_stored_values(tmp_path):
     cache = _cache(tmp_path, ram_bytes="9MB")  # two or three shards of the store
     ds = _dataset(store, cache)
     for epoch in (0, 1, 2, 0):
-        _check_epoch(ds, data, epoch)
+        check_epoch(ds, data, epoch)
     assert ds.settle(timeout=120)
     stats = _ram(cache)
     assert stats["corrupt"] == 0 and stats["hits"] > 0
@@ -310,7 +297,7 @@ def test_warm_writes_every_chunk_and_a_read_after_it_decodes_nothing(tmp_path):
     zstore.warm(store, cache=cache, fields=["wav", "act", "spec"], workers=1, progress=False)
     before = _ram(cache)["misses"]
     ds = _dataset(store, cache)
-    _check_epoch(ds, data, 0)
+    check_epoch(ds, data, 0)
     assert _ram(cache)["misses"] == before
 
 

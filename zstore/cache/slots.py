@@ -99,18 +99,12 @@ class Slots:
         """Whether slots ``first`` to ``stop - 1`` were all checked by :meth:`has`."""
         return bool(self.checked[first:stop].all())
 
-    def write(self, j: int, parts: Sequence[tuple[int, memoryview]]) -> bool:
-        """Write slot ``j``: each (offset in the data, bytes) of ``parts``, then their
-        crc, then its presence byte; False when the value's file is gone (evicted) or a
-        write fails (a full tmpfs): the slot then stays absent."""
-        crc = 0
-        for _, data in parts:
-            crc = crc32c(data, crc)
-        return self.write_checked(j, parts, crc)
-
-    def write_checked(self, j: int, parts: Sequence[tuple[int, memoryview]], crc: int) -> bool:
-        """:meth:`write`, given the crc32c of the parts' bytes in order (one call over a
-        contiguous copy of them is cheaper than one per part)."""
+    def write(self, j: int, parts: Sequence[tuple[int, memoryview]], crc: int) -> bool:
+        """Write slot ``j``: each (offset in the data, bytes) of ``parts``, then ``crc``
+        (the crc32c of the parts' bytes in order: the caller takes it in one call over a
+        contiguous copy of them, cheaper than one per part), then its presence byte;
+        False when the value's file is gone (evicted) or a write fails (a full tmpfs):
+        the slot then stays absent."""
         try:
             fd = os.open(self.path, os.O_WRONLY)
         except OSError:

@@ -195,6 +195,19 @@ class Origin:
         self._open()
         return self._local_disk
 
+    def round_trip(self, key: str = "zarr.json", tries: int = 2) -> float:
+        """Seconds one small read of ``key`` takes: the least of ``tries`` reads (the
+        first may set up a connection).  A missing object is timed the same."""
+        best = float("inf")
+        for _ in range(tries):
+            t0 = time.perf_counter()
+            try:
+                self.read(key)
+            except FileNotFoundError:
+                pass
+            best = min(best, time.perf_counter() - t0)
+        return best
+
     def _read_once(self, key: str, start: int | None, stop: int | None) -> bytes:
         if self._fs is None:
             with open(os.path.join(self._root, key), "rb") as f:

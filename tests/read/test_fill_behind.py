@@ -504,6 +504,7 @@ def test_a_ram_fill_does_not_wait_for_an_ssd_write_beside_it(small_store, tmp_pa
         ram_format="decoded",
         ssd_dir=tmp_path / "ssd",
         ssd_bytes="256MB",
+        fetch="shard",
     )
     reader = WindowReader(small_store, cache=cfg, origin_fs=ModelledFileSystem())
     first = reader.read(ITEM, SPANS)

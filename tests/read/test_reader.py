@@ -154,28 +154,34 @@ def test_origin_bytes_near_the_compressed_window(small_store, tmp_path):
     assert fs.data_bytes == needed
 
 
-def test_auto_fetch_reads_whole_shards_from_a_network_file_system(
+def test_auto_fetch_keeps_a_network_file_system_store_in_the_ssd_tiers_slots(
     small_store, tmp_path, monkeypatch
 ):
-    """A store on NFS (a mounted path) is read as a remote one: with an SSD tier that holds
-    it, whole shards; on a local disk, ranges."""
+    """A store on NFS (a mounted path) is read as a remote one: with an SSD tier, each
+    chunk the reads fetch goes into its shard's slotted value (one value per shard);
+    its round trip is short, so by ranges, not whole shards.  On a local disk, ranges
+    and no slots."""
     cfg = zstore.CacheConfig(
         ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd", ssd_bytes="256MB"
     )
-    assert WindowReader(small_store, cache=cfg).open().fetch == "range"
+    local = WindowReader(small_store, cache=cfg).open()
+    assert local.fetch == "range" and local.source.slotted is None
     real = zstore.urls.filesystem_type
     monkeypatch.setattr(
         "zstore.urls.filesystem_type",
         lambda path: "nfs4" if path.startswith(small_store) else real(path),
     )
-    reader = WindowReader(small_store, cache=cfg).open()
-    assert reader.fetch == "shard"
+    ssd_only = zstore.CacheConfig(
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd-only", ssd_bytes="256MB"
+    )
+    reader = WindowReader(small_store, cache=ssd_only).open()
+    assert reader.fetch == "range" and reader.source.slotted is not None
     wav = zarr.open_group(small_store, mode="r")["utt000001/wav"]
     got = reader.read("utt000001", {"wav": Span(8000, 40000)})["wav"]
     np.testing.assert_array_equal(got, wav[:, 8000:40000])
     assert reader.settle(timeout=120)
-    ssd = zstore.cache_stats(cfg)["ssd"]
-    assert ssd["entries"] == 1  # the shard, whole (ranges: its index and each chunk)
+    ssd = zstore.cache_stats(ssd_only)["ssd"]
+    assert ssd["entries"] == 1 and ssd["fills"] >= 3  # the shard's value: 3 chunks in it
 
 
 @pytest.mark.parametrize("fetch", ["range", "shard"])

@@ -50,6 +50,12 @@ def _offsets(n: int, data_nbytes: int) -> tuple[int, int, int]:
     return crc_at, data_at, data_at + data_nbytes
 
 
+def data_nbytes_of(n: int, payload_nbytes: int) -> int:
+    """The data bytes of a slotted value of ``n`` slots whose payload is
+    ``payload_nbytes`` (negative when it cannot be one)."""
+    return payload_nbytes - _offsets(n, 0)[1]
+
+
 def slots_nbytes(n: int, data_nbytes: int) -> int:
     """The payload size of a slotted value of ``n`` slots over ``data_nbytes`` of data."""
     return _offsets(n, data_nbytes)[2]

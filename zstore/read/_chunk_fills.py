@@ -93,11 +93,12 @@ class ChunkFills:
             if locks is not None:
                 locks.release(held)
 
-    def _write(self, layout: ArrayLayout, shard: SlotShard, j: int, chunk: np.ndarray) -> None:
+    def _write(self, layout: ArrayLayout, shard: SlotShard, j: int, chunk: np.ndarray) -> bool:
         """Write a decoded chunk into slot ``j``, in the reading thread: narrowed to its
         int16 samples where the array holds them; left out where one of its values is
-        not a sample.  (A thread writing behind the reads was slower: the loader's copy
-        threads leave no core idle; docs/benchmarks-notes.md.)"""
+        not a sample (False then, and when the write fails).  (A thread writing behind
+        the reads was slower: the loader's copy threads leave no core idle;
+        docs/benchmarks-notes.md.)"""
         if layout.ram_dtype == chunk.dtype:
             values = np.ascontiguousarray(chunk)
         else:
@@ -106,10 +107,12 @@ class ChunkFills:
             values = scratch.view(layout.ram_dtype).reshape(layout.chunk_shape)
             if not narrow(values, chunk):
                 self._said_not_samples(layout)
-                return
-        if shard.write(j, values):
-            self.ram.stats.add("ram_fills")
-            self.ram.stats.add("ram_fill_bytes", values.nbytes)
+                return False
+        if not shard.write(j, values):
+            return False
+        self.ram.stats.add("ram_fills")
+        self.ram.stats.add("ram_fill_bytes", values.nbytes)
+        return True
 
     def _scratch_bytes(self, nbytes: int) -> np.ndarray:
         """This thread's scratch of ``nbytes`` (a chunk written in the reading thread)."""

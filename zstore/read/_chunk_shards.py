@@ -157,7 +157,10 @@ class ChunkShards(RamForm, ChunkFills):
         if shard is not None and shard.has(j):
             self.ram.stats.add("ram_hits")
             return shard.chunk(j)
-        chunk = self.source.decode(layout, request, data, out)
-        if shard is not None and write:
-            self._write(layout, shard, j, chunk)
+        # A chunk this tier keeps is not kept in the SSD tier too (see the module)
+        if shard is None or not write:
+            return self.source.decode(layout, request, data, out)
+        chunk = self.source.decode(layout, request, data, out, keep=False)
+        if not self._write(layout, shard, j, chunk) and request is not None:
+            self.source.keep(request, data)  # not in this tier after all: in the SSD tier
         return chunk

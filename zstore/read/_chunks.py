@@ -23,13 +23,15 @@ from zstore.read._builds import BehindBuilds
 from zstore.read._held_chunks import HeldChunks
 from zstore.read._origin_fetch import OriginFetch
 from zstore.read._replaced import StoreCheck
+from zstore.read._slot_reads import SlotReads
 from zstore.read._ssd_shards import Held, WholeShards
+from zstore.read._ssd_slots import SlottedShards
 from zstore.read._whole_fetch import Pending, WholeFetch, finish
 
 MAX_INDEXES = 4096  # shard indexes (~1 KiB each) a process keeps
 
 
-class ChunkSource(OriginFetch, HeldChunks):
+class ChunkSource(OriginFetch, HeldChunks, SlotReads):
     """Fetch and decode inner chunks of one store for one process.
 
     ``complete``: the store's converter wrote every chunk (the manifest says so), so a
@@ -59,6 +61,12 @@ class ChunkSource(OriginFetch, HeldChunks):
         self.whole_fetch = (
             WholeFetch(self.whole, self._read, self._missing, complete)
             if self.whole is not None
+            else None
+        )
+        # the SSD tier filled by the reads' ranges (a remote origin read by ranges)
+        self._start_slots(
+            SlottedShards(url, tiers, self.whole.values)  # type: ignore[arg-type]
+            if self.whole is not None and fetch == "range" and origin.remote
             else None
         )
 
@@ -105,6 +113,10 @@ class ChunkSource(OriginFetch, HeldChunks):
             for obj, whole in held.items():
                 found[obj] = whole.index
                 del todo[obj]
+        if todo and self.slotted is not None:  # as has one filled by the reads
+            for obj, index in self.slotted.indexes(todo).items():
+                found[obj] = self._indexes[obj] = index
+                del todo[obj]
         if todo:
             keys = [f"{obj}#s{layout.index_bytes}" for obj, layout in todo.items()]
             requests: list[Request] = [
@@ -115,9 +127,15 @@ class ChunkSource(OriginFetch, HeldChunks):
             # touch, which 4 ranks took in turn (their first batch came 13-23 ms sooner
             # without it; docs/benchmarks-notes.md).
             ram = not self.origin.local_disk
-            values = self.fetch_many(
-                keys, requests, ram=ram, layouts=todo, ranges=ranges, wait=wait
-            )
+            if self.slotted is not None:  # kept in the slotted shards' values
+                values = self._read(requests)
+                for obj, data in zip(todo, values):
+                    if data is not None:
+                        self.slotted.fetched(obj, data)
+            else:
+                values = self.fetch_many(
+                    keys, requests, ram=ram, layouts=todo, ranges=ranges, wait=wait
+                )
             for (obj, layout), data in zip(todo.items(), values):
                 if data is None and self.complete:
                     raise self._missing(obj, "shard")
@@ -206,6 +224,10 @@ class ChunkSource(OriginFetch, HeldChunks):
             if offset == EMPTY:  # never written: the fill value
                 continue
             start, stop = int(offset), int(offset + nbytes)
+            if self.slotted is not None:
+                j = k % layout.chunks_per_shard
+                self._slot_chunk(out, i, (obj, start, stop), layout, indexes[obj], j)
+                continue
             layouts[obj] = layout
             keys.append(f"{obj}#r{start}-{stop}")
             requests.append((obj, start, stop))
@@ -217,6 +239,8 @@ class ChunkSource(OriginFetch, HeldChunks):
         )
         for i, request, data in zip(slots, requests, values):
             out[i] = (request, data)
+        if self.slotted is not None:
+            self._slotted_ranges(out)
         return out, later
 
     def decode(
@@ -225,20 +249,30 @@ class ChunkSource(OriginFetch, HeldChunks):
         request: Request | None,
         data: bytes | memoryview | None,
         out: np.ndarray | None = None,
+        *,
+        keep: bool = True,
     ) -> np.ndarray:
         """Decode one chunk's bytes (into ``out`` where it can, see ``decode_chunk``); a
         chunk never written is the fill value; bytes that fail their check are fetched
-        once more from the origin, past the tiers."""
+        once more from the origin, past the tiers.  Bytes fetched for the SSD tier's
+        slots are written there once they decode, unless ``keep`` is False (the RAM
+        tier keeps the chunk: see :meth:`keep`)."""
         if data is None or request is None:
             return fill_chunk(layout)
         where = f"{self.url}: {describe(*request)}"
         try:
-            return decode_chunk(layout, data, where, out)
+            chunk = decode_chunk(layout, data, where, out)
         except IntegrityError:  # once more, past the tiers (the root checked beside it)
+            self.forget(request)
             again = self._read([request])[0]
             if again is None:
                 raise self._missing(request[0], "chunk") from None
             return decode_chunk(layout, again, where, out)
+        if keep:
+            self.keep(request, data)
+        else:
+            self.forget(request)
+        return chunk
 
 
 def chunk_array(key: str) -> str:

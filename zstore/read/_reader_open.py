@@ -28,6 +28,7 @@ from zstore.origin import Origin
 from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds, FirstReadHold
 from zstore.read._chunk_shards import ChunkShards
 from zstore.read._chunks import ChunkSource
+from zstore.read._fetch_mode import whole_shards
 from zstore.read._maps import MappedValues
 from zstore.read._ram_shards import DecodedShards, EncodedShards, ShardForm
 from zstore.read._reader_meta import ItemPlaces
@@ -193,8 +194,9 @@ class ReaderSetup(ItemPlaces):
         mode = resolved.fetch if resolved else "range"
         if mode != "auto":
             return mode
-        # A store on NFS or Lustre costs what a remote one does: a window's chunks kept
-        # as one SSD value each cost a file and an index row apiece, on the first epoch's
-        # reads (measured, NFS-like model: 0.47x of no tiers against 0.83x with whole
-        # shards; docs/benchmarks-notes.md).
-        return "shard" if self.origin.remote and self.ssd_holds_store else "range"
+        # A remote store read by ranges keeps its chunks in the SSD tier's slots; where a
+        # round trip is long, whole shards (see _fetch_mode).
+        if not (self.origin.remote and self.ssd_holds_store and self.tiers is not None):
+            return "range"
+        where = self.tiers.node_dir("round-trips")
+        return "shard" if whole_shards(self.origin, where, self.manifest.store_id) else "range"

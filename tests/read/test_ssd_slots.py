@@ -1,0 +1,161 @@
+"""The SSD tier filled by the reads (a remote origin read by ranges): each chunk a read
+fetches is written into its shard's slot in the SSD tier, with the shard index; a
+later job reads those from the tier, not the origin; a chunk the RAM tier keeps is
+not kept twice; a damaged slot is fetched again; ``fetch="auto"`` reads whole shards
+only where the origin's round trip is long, and every process of a node agrees.
+Real HDF5 files written by h5py, converted, read through the public API."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_chunk_shards import _store
+
+import zstore
+from zstore.format import Span
+from zstore.read.reader import WindowReader
+from zstore.testing import ModelledFileSystem
+
+SPANS = {
+    "wav": Span(3 * 16000, 41 * 16000),
+    "act": Span(300, 4100),
+    "spec": Span(300, 4100),
+}
+
+
+def _cache(tmp_path: Path, ram_bytes: str | int = 0) -> zstore.CacheConfig:
+    return zstore.CacheConfig(
+        ram_dir=tmp_path / "ram" if ram_bytes else None,
+        ram_bytes=ram_bytes,
+        ssd_dir=tmp_path / "ssd",
+        ssd_bytes="1GB",
+    )
+
+
+def _reader(store: str, cache: zstore.CacheConfig, fs: ModelledFileSystem) -> WindowReader:
+    reader = WindowReader(store, cache=cache, origin_fs=fs, fields=list(SPANS)).open()
+    reader.start_builds()  # past the node's first reads
+    return reader
+
+
+def _check(got: dict[str, np.ndarray], data: dict[str, dict], item: str) -> None:
+    src = data[item]
+    for name, span in SPANS.items():
+        want = src[name][:, span.start : span.stop]  # time on the second axis
+        assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
+
+
+def _ssd(cache: zstore.CacheConfig) -> dict:
+    return zstore.cache_stats(cache)["ssd"]
+
+
+@pytest.mark.parametrize("kind", ["int16", "float"])
+def test_reads_fill_the_ssd_tier_and_a_later_job_reads_only_the_root(tmp_path, kind):
+    store, data = _store(tmp_path, kind)
+    cache = _cache(tmp_path)
+    fs = ModelledFileSystem()
+    reader = _reader(store, cache, fs)
+    assert reader.fetch == "range"  # a short round trip: by ranges, into the slots
+    _check(reader.read("rec1", SPANS), data, "rec1")
+    first = _ssd(cache)
+    assert first["fills"] > 0 and first["corrupt"] == 0
+    # one value per shard (the slots), not one per chunk
+    shards = sum(1 for name in SPANS for _ in Path(store, "rec1", name, "c").rglob("*"))
+    assert first["entries"] <= shards + 1
+
+    later = ModelledFileSystem()  # a later job: a fresh process's reader
+    again = _reader(store, cache, later)
+    _check(again.read("rec1", SPANS), data, "rec1")
+    assert later.data_requests == 0  # chunks and shard indexes from the SSD tier
+    assert _ssd(cache)["hits"] >= first["fills"]
+    assert _ssd(cache)["fills"] == first["fills"]
+
+
+def test_a_damaged_slot_is_fetched_again(tmp_path):
+    store, data = _store(tmp_path, "int16", items=1)
+    cache = _cache(tmp_path)
+    _check(_reader(store, cache, ModelledFileSystem()).read("rec0", SPANS), data, "rec0")
+    damaged = 0
+    for path in Path(tmp_path, "ssd").rglob("*"):
+        if path.is_file() and path.stat().st_size > 1 << 20:  # a shard's value
+            with open(path, "r+b") as f:
+                raw = bytearray(f.read())
+                at = [i for i in range(8192, len(raw), 4099) if raw[i]]
+                for i in at:
+                    raw[i] ^= 0x5A
+                f.seek(0)
+                f.write(raw)
+                damaged += bool(at)
+    assert damaged
+    fs = ModelledFileSystem()
+    _check(_reader(store, cache, fs).read("rec0", SPANS), data, "rec0")
+    assert fs.data_requests > 0  # the damaged chunks, from the origin
+
+
+def test_a_chunk_the_ram_tier_keeps_is_not_kept_in_the_ssd_tier_too(tmp_path):
+    store, data = _store(tmp_path, "int16", items=1)
+    roomy = _cache(tmp_path / "roomy", ram_bytes="256MB")
+    reader = _reader(store, roomy, ModelledFileSystem())
+    assert reader.format_choice is not None and reader.format_choice.format == "chunks"
+    _check(reader.read("rec0", SPANS), data, "rec0")
+    assert zstore.cache_stats(roomy)["ram"]["fills"] > 0
+    assert _ssd(roomy)["fills"] == 0
+    # a RAM tier too small for the audio's shards: the SSD tier keeps their chunks
+    small = _cache(tmp_path / "small", ram_bytes="1MB")
+    _check(_reader(store, small, ModelledFileSystem()).read("rec0", SPANS), data, "rec0")
+    assert zstore.cache_stats(small)["ram"]["fill_bytes"] < 2**20
+    assert _ssd(small)["fills"] > 0
+
+
+def test_auto_fetches_whole_shards_only_over_a_long_round_trip_and_the_node_agrees(tmp_path):
+    store, data = _store(tmp_path, "int16", items=1)
+    far = _cache(tmp_path / "far")
+    reader = _reader(store, far, ModelledFileSystem(latency=0.02))
+    assert reader.fetch == "shard"
+    _check(reader.read("rec0", SPANS), data, "rec0")
+    records = list(Path(tmp_path, "far").rglob("round-trips/*.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["seconds"] >= 0.02
+    # the node's other processes use the record, whatever their own first reads took
+    assert _reader(store, far, ModelledFileSystem()).fetch == "shard"
+    assert _reader(store, _cache(tmp_path / "near"), ModelledFileSystem()).fetch == "range"
+    # explicit settings are kept
+    ranged = zstore.CacheConfig(
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "r", ssd_bytes="1GB", fetch="range"
+    )
+    assert _reader(store, ranged, ModelledFileSystem(latency=0.02)).fetch == "range"
+
+
+def _read_in_process(store: str, cache: zstore.CacheConfig, item: str, barrier, queue) -> None:
+    fs = ModelledFileSystem()
+    reader = _reader(store, cache, fs)
+    barrier.wait()  # both read the same shards at once
+    got = reader.read(item, SPANS)
+    queue.put({name: np.array(a) for name, a in got.items()})
+
+
+def test_two_processes_fill_the_same_slots_at_once(tmp_path):
+    store, data = _store(tmp_path, "float", items=1)
+    cache = _cache(tmp_path)
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    procs = [
+        ctx.Process(target=_read_in_process, args=(store, cache, "rec0", barrier, queue))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    got = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    for one in got:
+        _check(one, data, "rec0")
+    fs = ModelledFileSystem()  # a third reads every chunk from the slots both wrote
+    _check(_reader(store, cache, fs).read("rec0", SPANS), data, "rec0")
+    assert fs.data_requests == 0 and _ssd(cache)["corrupt"] == 0
+    assert os.path.isdir(tmp_path / "ssd")

@@ -1,0 +1,207 @@
+"""The SSD tier filled by the reads: a shard object kept as one slotted value, a slot per
+inner chunk at the chunk's own place in the object and one more for the shard index
+after them (``fetch="range"`` on a remote origin: a network file system, or an object
+store whose round trip is short; see :mod:`zstore.read._fetch_mode`).
+
+A read takes the index and each chunk of its windows that the SSD tier holds from its
+map, and fetches the others from the origin by their ranges, as a read with no tier
+does, past the tiers' lookups and locks; each one it fetches is written into its slot
+with ``pwrite`` (:mod:`zstore.cache.slots`: a presence byte and a crc32c per slot)
+before it is decoded.  Nothing is fetched for the tier alone and no read waits for a
+write; a shard costs one file and one index row, at its first touch, its whole size
+counted against the budget and its unwritten slots holes of a sparse file.  A later
+job reads the shard's index from the value too: nothing but the store's root from
+the origin.
+
+Kept as one value per chunk (and the index as one more), a window's ~20 chunks cost a
+file and an index row apiece in the first epoch (NFS-like origin, 1 rank: 0.33x of
+no tiers); fetched whole, each shard's first touch waited for 7 MB and wrote it
+(0.72-0.80x); filled by the reads, about what no tier reads at
+(docs/benchmarks-notes.md, "The SSD tier filled by the reads").
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+from crc32c import crc32c
+
+from zstore.cache import Checked, TieredCache
+from zstore.cache.slots import Slots, data_nbytes_of, slots_nbytes
+from zstore.errors import IntegrityError
+from zstore.format import EMPTY, ArrayLayout, decode_index
+from zstore.read._maps import MappedValues
+
+#: the SSD tier key's suffix of a shard object in this form
+SUFFIX = "#F"
+
+
+def chunks_end(index: np.ndarray) -> int:
+    """The end of a shard object's last chunk (0 when none is written)."""
+    written = index[:, 0] != EMPTY
+    if not written.any():
+        return 0
+    return int((index[written, 0] + index[written, 1]).max())
+
+
+class EncodedShard:
+    """A mapped slotted value of one shard object: slot ``j < chunks_per_shard`` holds
+    chunk ``j``'s encoded bytes at their place in the object, the last slot the shard
+    index after them.  ``index`` is set once known (read from the value or the
+    origin)."""
+
+    def __init__(self, payload: memoryview, layout: ArrayLayout):
+        n = layout.chunks_per_shard + 1
+        self.layout = layout
+        self.slots = Slots(payload, n, data_nbytes_of(n, len(payload)))
+        self.index: np.ndarray | None = None
+        #: where the shard index lies in the data (after the chunks)
+        self._index_at = len(self.slots.data) - layout.index_bytes
+        if self._index_at < 0:
+            raise ValueError("a slotted shard value too small for its index")
+
+    def read_index(self, where: str) -> np.ndarray | None:
+        """The shard index from its slot (None when it is not written, or fails)."""
+        nbytes = self.layout.index_bytes
+        if not self.slots.has(self.layout.chunks_per_shard, [(self._index_at, nbytes)]):
+            return None
+        try:
+            index = decode_index(self.layout, self.slots.data[self._index_at :], where)
+        except IntegrityError:
+            return None
+        if chunks_end(index) > self._index_at:
+            return None
+        self.index = index
+        return index
+
+    def write_index(self, data: bytes | memoryview) -> bool:
+        """Write the shard index's slot (its bytes as the origin holds them)."""
+        view = memoryview(data).cast("B")
+        if len(view) != self.layout.index_bytes:
+            return False
+        slot = self.layout.chunks_per_shard
+        return self.slots.write(slot, [(self._index_at, view)], crc32c(view))
+
+    def _range(self, j: int) -> tuple[int, int] | None:
+        if self.index is None:
+            return None
+        offset, nbytes = self.index[j]
+        if offset == EMPTY or int(offset) + int(nbytes) > self._index_at:
+            return None
+        return int(offset), int(nbytes)
+
+    def has(self, j: int) -> bool:
+        """Whether chunk ``j`` is in the tier, whole and checked."""
+        span = self._range(j)
+        return span is not None and self.slots.has(j, [span])
+
+    def chunk(self, j: int) -> memoryview:
+        """Chunk ``j``'s bytes in the map (check :meth:`has` first)."""
+        offset, nbytes = self._range(j)  # type: ignore[misc]
+        return self.slots.data[offset : offset + nbytes]
+
+    def write(self, j: int, data: bytes | memoryview) -> bool:
+        """Write chunk ``j`` (its encoded bytes as the origin holds them)."""
+        span = self._range(j)
+        view = memoryview(data).cast("B")
+        if span is None or len(view) != span[1]:
+            return False
+        return self.slots.write(j, [(span[0], view)], crc32c(view))
+
+
+class SlottedShards:
+    """The SSD tier's slotted shard objects of one store, as this process maps them."""
+
+    def __init__(self, url: str, tiers: TieredCache, values: MappedValues):
+        assert tiers.ssd is not None
+        self.url, self.tiers, self.ssd, self.values = url, tiers, tiers.ssd, values
+        #: shard indexes this process fetched from the origin, for the slot of the
+        #: value it indexes next for them
+        self._fetched: dict[str, bytes] = {}
+
+    def mapped(self, obj: str, layout: ArrayLayout) -> EncodedShard | None:
+        """This process's map of shard object ``obj``; None when the tier lacks it."""
+        key = self.tiers.key(f"{obj}{SUFFIX}")
+        with self.values.lock:
+            got = self.values.get(key, partial(_view, layout), counted=False)
+        if got is None:
+            return None
+        shard: EncodedShard = got.view
+        shard.slots.path = got.path
+        return shard
+
+    def indexes(self, todo: dict[str, ArrayLayout]) -> dict[str, np.ndarray]:
+        """The shard indexes of ``todo`` (objects) that the tier holds."""
+        found: dict[str, np.ndarray] = {}
+        for obj, layout in todo.items():
+            shard = self.mapped(obj, layout)
+            if shard is None:
+                continue
+            index = shard.index if shard.index is not None else shard.read_index(self._where(obj))
+            if index is not None:
+                found[obj] = index
+        return found
+
+    def fetched(self, obj: str, data: bytes | memoryview) -> None:
+        """Hold the bytes of ``obj``'s shard index, fetched from the origin, for the
+        value :meth:`shard` indexes for it."""
+        self._fetched[obj] = bytes(data)
+        if len(self._fetched) > 4096:
+            self._fetched.pop(next(iter(self._fetched)))
+
+    def held(self, obj: str, layout: ArrayLayout, index: np.ndarray) -> EncodedShard | None:
+        """This process's map of shard object ``obj`` (``index``: its shard index) when
+        the tier holds it (not indexed here: see :meth:`shard`)."""
+        self.ssd.touch(self.tiers.key(f"{obj}{SUFFIX}"))  # an access, for admission
+        shard = self.mapped(obj, layout)
+        if shard is not None and shard.index is None:
+            shard.index = index
+        return shard
+
+    def shard(self, obj: str, layout: ArrayLayout, index: np.ndarray) -> EncodedShard | None:
+        """The value of shard object ``obj`` (``index``: its shard index) for a chunk
+        to write, indexed empty now if the tier lacks it and admits it; None where it
+        does not (the chunk is not kept)."""
+        shard = self.mapped(obj, layout)
+        if shard is None:
+            key = self.tiers.key(f"{obj}{SUFFIX}")
+            end = chunks_end(index)
+            if not end:
+                return None
+            nbytes = slots_nbytes(layout.chunks_per_shard + 1, end + layout.index_bytes)
+            if self.ssd.admits_as(key, nbytes) is None or not self.ssd.reserve(key, nbytes):
+                return None
+            shard = self.mapped(obj, layout)
+            if shard is None:
+                return None
+        if shard.index is None:
+            shard.index = index
+        raw = self._fetched.pop(obj, None)
+        if raw is not None and not shard.slots.present[layout.chunks_per_shard]:
+            shard.write_index(raw)
+        return shard
+
+    def write(
+        self, obj: str, layout: ArrayLayout, index: np.ndarray, j: int, data: bytes | memoryview
+    ) -> None:
+        """Write chunk ``j`` of shard object ``obj`` (fetched, and decoded fine) into
+        its slot, indexing the shard's value first where the tier lacks it."""
+        shard = self.shard(obj, layout, index)
+        if shard is not None and shard.write(j, data):
+            self.tiers.stats.add("ssd_fills")
+            self.tiers.stats.add("ssd_fill_bytes", len(data))
+
+    def _where(self, obj: str) -> str:
+        return f"{self.url}: {obj} (shard index in the SSD tier)"
+
+
+def _view(layout: ArrayLayout, checked: Checked) -> EncodedShard | None:
+    """The slots of a mapped value of a shard object; None when it is not one (not
+    slotted, or too small: dropped as corrupt)."""
+    if not checked.slotted:
+        return None
+    try:
+        return EncodedShard(checked.payload, layout)
+    except ValueError:
+        return None

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 
+from crc32c import crc32c
+
 from zstore.cache import make_dir
 from zstore.cache.files import write_json
 from zstore.origin import Origin
@@ -31,8 +33,10 @@ FAR = 0.005
 
 def round_trip(origin: Origin, directory: str | None, store_id: str) -> float:
     """Seconds of one small read of the store at ``origin``, as the node's first process
-    to open it measured them (recorded in ``directory``, best effort)."""
-    path = os.path.join(directory, f"{store_id}.json") if directory and store_id else None
+    to open it there measured them (recorded in ``directory``, best effort; by store
+    and URL: a copy of the store elsewhere is timed anew)."""
+    name = f"{store_id}-{crc32c(origin.url.encode()):08x}.json"
+    path = os.path.join(directory, name) if directory and store_id else None
     if path is not None:
         try:
             with open(path) as f:

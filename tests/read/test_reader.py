@@ -175,7 +175,7 @@ def test_auto_fetch_keeps_a_network_file_system_store_in_the_ssd_tiers_slots(
         ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd-only", ssd_bytes="256MB"
     )
     reader = WindowReader(small_store, cache=ssd_only).open()
-    assert reader.fetch == "range" and reader.source.slotted is not None
+    assert reader.fetch == "slots" and reader.source.slotted is not None
     wav = zarr.open_group(small_store, mode="r")["utt000001/wav"]
     got = reader.read("utt000001", {"wav": Span(8000, 40000)})["wav"]
     np.testing.assert_array_equal(got, wav[:, 8000:40000])

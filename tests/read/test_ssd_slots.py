@@ -60,7 +60,7 @@ def test_reads_fill_the_ssd_tier_and_a_later_job_reads_only_the_root(tmp_path, k
     cache = _cache(tmp_path)
     fs = ModelledFileSystem()
     reader = _reader(store, cache, fs)
-    assert reader.fetch == "range"  # a short round trip: by ranges, into the slots
+    assert reader.fetch == "slots"  # a short round trip: by ranges, into the slots
     _check(reader.read("rec1", SPANS), data, "rec1")
     first = _ssd(cache)
     assert first["fills"] > 0 and first["corrupt"] == 0
@@ -122,12 +122,22 @@ def test_auto_fetches_whole_shards_only_over_a_long_round_trip_and_the_node_agre
     assert len(records) == 1 and json.loads(records[0].read_text())["seconds"] >= 0.02
     # the node's other processes use the record, whatever their own first reads took
     assert _reader(store, far, ModelledFileSystem()).fetch == "shard"
-    assert _reader(store, _cache(tmp_path / "near"), ModelledFileSystem()).fetch == "range"
-    # explicit settings are kept
+    assert _reader(store, _cache(tmp_path / "near"), ModelledFileSystem()).fetch == "slots"
+    # an SSD tier too small for the store: ranges into the slots, whatever the round trip
+    small = zstore.CacheConfig(
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "small", ssd_bytes="1MB"
+    )
+    assert _reader(store, small, ModelledFileSystem(latency=0.02)).fetch == "slots"
+    # explicit settings are kept: "range" keeps each chunk as its own value, under the
+    # node's locks
     ranged = zstore.CacheConfig(
         ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "r", ssd_bytes="1GB", fetch="range"
     )
-    assert _reader(store, ranged, ModelledFileSystem(latency=0.02)).fetch == "range"
+    reader = _reader(store, ranged, ModelledFileSystem(latency=0.02))
+    assert reader.fetch == "range" and reader.source.slotted is None
+    _check(reader.read("rec0", SPANS), data, "rec0")
+    stats = _ssd(ranged)
+    assert stats["entries"] == stats["fills"] > 2 * len(SPANS)  # indexes and chunks
 
 
 def _read_in_process(store: str, cache: zstore.CacheConfig, item: str, barrier, queue) -> None:

@@ -100,8 +100,11 @@ class CacheConfig:
             a store on a local disk is read from it directly (an SSD tier would copy it
             to a disk of the same kind: epoch 0 at half the speed, later epochs no
             faster); name a directory to have one anyway.  ``None`` disables the tier.
-        fetch: ``"range"`` reads only the chunks a window needs, ``"shard"`` reads a
-            whole shard on first touch, ``"auto"`` picks by origin kind and budget.
+        fetch: ``"range"`` reads only the chunks a window needs (each kept as its own
+            SSD value, fetched once for the node under its locks), ``"slots"`` reads
+            them the same way into one slotted SSD value per shard, written as they
+            decode (no lock), ``"shard"`` reads a whole shard on first touch,
+            ``"auto"`` picks by origin kind, round trip and budget.
         max_requests: origin requests in flight per process.
         shared_group: a group (name or gid) whose members share the tiers: directories
             ``2770`` owned by it, files ``0660``.  Every member can then feed every
@@ -158,9 +161,9 @@ class CacheConfig:
                 f"got {ram_format!r}"
             )
         fetch = str(raw["fetch"])
-        if fetch not in ("auto", "range", "shard"):
+        if fetch not in ("auto", "range", "shard", "slots"):
             raise ConfigError(
-                f"{origin['fetch']} must be 'auto', 'range' or 'shard', got {fetch!r}"
+                f"{origin['fetch']} must be 'auto', 'range', 'shard' or 'slots', got {fetch!r}"
             )
         max_requests = (
             16

@@ -12,6 +12,12 @@ decode plus the tmpfs writes, and its overlapping windows already find half thei
 chunks written (docs/benchmarks-notes.md, "A RAM tier filled by the reads
 themselves").
 
+A chunk this tier keeps is not written into the SSD tier's slots as well
+(:mod:`zstore.read._ssd_slots`, a remote store read by ranges): the SSD tier holds what
+this one does not.  Writing both, the first epoch on an NFS-like origin read at 0.79x
+of no tiers, against 0.94x (1 rank; docs/benchmarks-notes.md, "The SSD tier filled by
+the reads").
+
 A chunk whose values are not all int16 samples, though the manifest says so, is not
 written (it is decoded on every read; said once per array).  Admission and eviction
 are the tier's, per shard: a full tier admits a shard that displaces resident ones
@@ -157,7 +163,7 @@ class ChunkShards(RamForm, ChunkFills):
         if shard is not None and shard.has(j):
             self.ram.stats.add("ram_hits")
             return shard.chunk(j)
-        # A chunk this tier keeps is not kept in the SSD tier too (see the module)
+        # a chunk this tier keeps is not written to the SSD tier too (see the module)
         if shard is None or not write:
             return self.source.decode(layout, request, data, out)
         chunk = self.source.decode(layout, request, data, out, keep=False)

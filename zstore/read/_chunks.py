@@ -4,8 +4,10 @@
 call needs that the tiers miss is fetched from the origin in one concurrent
 batch; with ``fetch="shard"`` a whole shard is read on first touch and kept whole in
 the SSD tier (:mod:`zstore.read._ssd_shards`), or, without one, all its chunks go into the
-RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.  The
-fetching itself (the tiers, then the origin) is :mod:`zstore.read._origin_fetch`.
+RAM tier.  Chunks of a shard the SSD tier holds whole are sliced from its map.  A
+remote store read by ranges keeps its chunks in the SSD tier's slots instead
+(:mod:`zstore.read._slot_reads`).  The fetching itself (the tiers, then the origin) is
+:mod:`zstore.read._origin_fetch`.
 """
 
 from __future__ import annotations
@@ -63,10 +65,10 @@ class ChunkSource(OriginFetch, HeldChunks, SlotReads):
             if self.whole is not None
             else None
         )
-        # the SSD tier filled by the reads' ranges (a remote origin read by ranges)
+        # the SSD tier filled by the reads' ranges (fetch="slots")
         self._start_slots(
             SlottedShards(url, tiers, self.whole.values)  # type: ignore[arg-type]
-            if self.whole is not None and fetch == "range" and origin.remote
+            if self.whole is not None and fetch == "slots"
             else None
         )
 
@@ -113,7 +115,7 @@ class ChunkSource(OriginFetch, HeldChunks, SlotReads):
             for obj, whole in held.items():
                 found[obj] = whole.index
                 del todo[obj]
-        if todo and self.slotted is not None:  # as has one filled by the reads
+        if todo and self.slotted is not None:  # so does one in the SSD tier's slots
             for obj, index in self.slotted.indexes(todo).items():
                 found[obj] = self._indexes[obj] = index
                 del todo[obj]

@@ -1,15 +1,15 @@
-"""How a reader fetches a remote store's chunks with ``fetch="auto"`` and an SSD tier
-that holds the store: by ranges, each chunk kept in its slot of the SSD tier's shard
-(:mod:`zstore.read._ssd_slots`), or each shard object whole at its first touch
-(:mod:`zstore.read._whole_fetch`).
+"""What ``fetch="auto"`` picks for a remote store with an SSD tier: each shard object
+whole at its first touch (``"shard"``, :mod:`zstore.read._whole_fetch`) where the SSD
+tier holds the store and a round trip is long, else ranges kept in the SSD tier's
+slotted shards (``"slots"``, :mod:`zstore.read._ssd_slots`).
 
 Whole shards pay off where a round trip is long: the chunks the first epoch does not
 touch would each cost one later.  Where it is short (a network file system), the
 first touch of each shard waits for the whole object and writes it, and the first
-epoch read at 0.72-0.80x of no tiers, against ~1.0x by ranges (NFS-like origin, 1 ms;
-S3-like, 20 ms: whole shards 2.0x of no tiers in epoch 0 and 3,193 windows/s in
-epoch 1, by ranges 1.7x and 904; docs/benchmarks-notes.md, "The SSD tier filled by
-the reads").
+epoch read at 0.72-0.80x of no tiers, against 0.94x into the slots (NFS-like origin,
+1 ms; S3-like, 20 ms: whole shards 2.0x of no tiers in epoch 0 and ~2,400-3,200
+windows/s in epoch 1, by ranges 1.7x and 904; docs/benchmarks-notes.md, "The SSD
+tier filled by the reads").
 
 The first process of a node to open a store times two small reads of its root, and
 writes the seconds in the node's directory; the node's other processes (ranks and

@@ -194,9 +194,11 @@ class ReaderSetup(ItemPlaces):
         mode = resolved.fetch if resolved else "range"
         if mode != "auto":
             return mode
-        # A remote store read by ranges keeps its chunks in the SSD tier's slots; where a
-        # round trip is long, whole shards (see _fetch_mode).
-        if not (self.origin.remote and self.ssd_holds_store and self.tiers is not None):
+        # A remote store with an SSD tier keeps its chunks in the tier's slots; whole
+        # shards where a round trip is long and the tier holds the store (_fetch_mode).
+        if not (self.origin.remote and self.tiers is not None and self.tiers.ssd is not None):
             return "range"
         where = self.tiers.node_dir("round-trips")
-        return "shard" if whole_shards(self.origin, where, self.manifest.store_id) else "range"
+        if self.ssd_holds_store and whole_shards(self.origin, where, self.manifest.store_id):
+            return "shard"
+        return "slots"

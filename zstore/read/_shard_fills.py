@@ -106,7 +106,7 @@ class ShardFills(ShardBuilds):
         if (
             not todo
             or self.behind.held
-            or self.source.fetch != "range"
+            or self.source.fetch == "shard"
             or not self.source.origin.remote
         ):
             return [], 0

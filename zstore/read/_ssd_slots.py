@@ -1,22 +1,25 @@
 """The SSD tier filled by the reads: a shard object kept as one slotted value, a slot per
 inner chunk at the chunk's own place in the object and one more for the shard index
-after them (``fetch="range"`` on a remote origin: a network file system, or an object
-store whose round trip is short; see :mod:`zstore.read._fetch_mode`).
+after them (``fetch="slots"``, what ``"auto"`` picks for a remote store with an SSD
+tier unless it fetches whole shards: see :mod:`zstore.read._fetch_mode`).
 
 A read takes the index and each chunk of its windows that the SSD tier holds from its
 map, and fetches the others from the origin by their ranges, as a read with no tier
 does, past the tiers' lookups and locks; each one it fetches is written into its slot
-with ``pwrite`` (:mod:`zstore.cache.slots`: a presence byte and a crc32c per slot)
-before it is decoded.  Nothing is fetched for the tier alone and no read waits for a
-write; a shard costs one file and one index row, at its first touch, its whole size
-counted against the budget and its unwritten slots holes of a sparse file.  A later
-job reads the shard's index from the value too: nothing but the store's root from
-the origin.
+with ``pwrite`` (:mod:`zstore.cache.slots`: a presence byte and a crc32c per slot) once
+its bytes decode, in the thread that decodes it (:mod:`zstore.read._slot_reads`),
+unless the RAM tier keeps the chunk.  Nothing is fetched for the tier alone and no
+read waits for a write; a shard costs one file and one index row, at the first write
+into it, its whole size counted against the budget and its unwritten slots holes of
+a sparse file.  A later job reads the shard's index from the value too: nothing but
+the store's root from the origin.  No node lock is taken: two processes that miss a
+chunk at once both fetch it (``fetch="range"`` keeps each chunk under the node's
+lock, one SSD value each).
 
 Kept as one value per chunk (and the index as one more), a window's ~20 chunks cost a
 file and an index row apiece in the first epoch (NFS-like origin, 1 rank: 0.33x of
 no tiers); fetched whole, each shard's first touch waited for 7 MB and wrote it
-(0.72-0.80x); filled by the reads, about what no tier reads at
+(0.72-0.80x); filled by the reads, 0.94x with 1 rank and with 4
 (docs/benchmarks-notes.md, "The SSD tier filled by the reads").
 """
 

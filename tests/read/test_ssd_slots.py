@@ -169,3 +169,15 @@ def test_two_processes_fill_the_same_slots_at_once(tmp_path):
     _check(_reader(store, cache, fs).read("rec0", SPANS), data, "rec0")
     assert fs.data_requests == 0 and _ssd(cache)["corrupt"] == 0
     assert os.path.isdir(tmp_path / "ssd")
+
+
+def test_a_fresh_jobs_first_reads_write_nothing(tmp_path):
+    """The node's first reads (the reader's hold on its builds) keep nothing in the
+    slots: the first batch costs what it costs with no tier; read again, they do."""
+    store, data = _store(tmp_path, "int16", items=1)
+    cache = _cache(tmp_path)
+    reader = WindowReader(store, cache=cache, origin_fs=ModelledFileSystem(), fields=list(SPANS))
+    _check(reader.read("rec0", SPANS), data, "rec0")
+    assert _ssd(cache)["fills"] == 0
+    _check(reader.read("rec0", SPANS), data, "rec0")  # the hold ends with the first read
+    assert _ssd(cache)["fills"] > 0

@@ -67,7 +67,7 @@ class ChunkSource(OriginFetch, HeldChunks, SlotReads):
         )
         # the SSD tier filled by the reads' ranges (fetch="slots")
         self._start_slots(
-            SlottedShards(url, tiers, self.whole.values)  # type: ignore[arg-type]
+            SlottedShards(url, tiers, self.whole.values, behind)  # type: ignore[arg-type]
             if self.whole is not None and fetch == "slots"
             else None
         )

@@ -12,7 +12,9 @@ unless the RAM tier keeps the chunk.  Nothing is fetched for the tier alone and 
 read waits for a write; a shard costs one file and one index row, at the first write
 into it, its whole size counted against the budget and its unwritten slots holes of
 a sparse file.  A later job reads the shard's index from the value too: nothing but
-the store's root from the origin.  No node lock is taken: two processes that miss a
+the store's root from the origin.  A fresh job's first reads (the reader's hold on its
+builds) write nothing: writing them took its first batch from 1.12x to 1.31x of no
+tiers' (NFS-like, 1 rank).  No node lock is taken: two processes that miss a
 chunk at once both fetch it (``fetch="range"`` keeps each chunk under the node's
 lock, one SSD value each).
 
@@ -25,6 +27,7 @@ no tiers); fetched whole, each shard's first touch waited for 7 MB and wrote it
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 
 import numpy as np
@@ -34,10 +37,13 @@ from zstore.cache import Checked, TieredCache
 from zstore.cache.slots import Slots, data_nbytes_of, slots_nbytes
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, decode_index
+from zstore.read._builds import BehindBuilds
 from zstore.read._maps import MappedValues
 
 #: the SSD tier key's suffix of a shard object in this form
 SUFFIX = "#F"
+#: shard indexes fetched from the origin a process holds for values it has not indexed
+MAX_FETCHED = 4096
 
 
 def chunks_end(index: np.ndarray) -> int:
@@ -116,12 +122,17 @@ class EncodedShard:
 class SlottedShards:
     """The SSD tier's slotted shard objects of one store, as this process maps them."""
 
-    def __init__(self, url: str, tiers: TieredCache, values: MappedValues):
+    def __init__(
+        self, url: str, tiers: TieredCache, values: MappedValues, hold: BehindBuilds | None
+    ):
         assert tiers.ssd is not None
         self.url, self.tiers, self.ssd, self.values = url, tiers, tiers.ssd, values
+        #: held until the node's first reads are served: nothing is written before
+        self.hold = hold
         #: shard indexes this process fetched from the origin, for the slot of the
         #: value it indexes next for them
         self._fetched: dict[str, bytes] = {}
+        self._fetched_lock = threading.Lock()  # the reading thread adds, copy threads take
 
     def mapped(self, obj: str, layout: ArrayLayout) -> EncodedShard | None:
         """This process's map of shard object ``obj``; None when the tier lacks it."""
@@ -149,9 +160,10 @@ class SlottedShards:
     def fetched(self, obj: str, data: bytes | memoryview) -> None:
         """Hold the bytes of ``obj``'s shard index, fetched from the origin, for the
         value :meth:`shard` indexes for it."""
-        self._fetched[obj] = bytes(data)
-        if len(self._fetched) > 4096:
-            self._fetched.pop(next(iter(self._fetched)))
+        with self._fetched_lock:
+            self._fetched[obj] = bytes(data)
+            if len(self._fetched) > MAX_FETCHED:
+                self._fetched.pop(next(iter(self._fetched)))
 
     def held(self, obj: str, layout: ArrayLayout, index: np.ndarray) -> EncodedShard | None:
         """This process's map of shard object ``obj`` (``index``: its shard index) when
@@ -180,7 +192,8 @@ class SlottedShards:
                 return None
         if shard.index is None:
             shard.index = index
-        raw = self._fetched.pop(obj, None)
+        with self._fetched_lock:
+            raw = self._fetched.pop(obj, None)
         if raw is not None and not shard.slots.present[layout.chunks_per_shard]:
             shard.write_index(raw)
         return shard
@@ -189,7 +202,11 @@ class SlottedShards:
         self, obj: str, layout: ArrayLayout, index: np.ndarray, j: int, data: bytes | memoryview
     ) -> None:
         """Write chunk ``j`` of shard object ``obj`` (fetched, and decoded fine) into
-        its slot, indexing the shard's value first where the tier lacks it."""
+        its slot, indexing the shard's value first where the tier lacks it; nothing
+        while the node's first reads are held (their chunks are written when they are
+        read again)."""
+        if self.hold is not None and self.hold.held:
+            return
         shard = self.shard(obj, layout, index)
         if shard is not None and shard.write(j, data):
             self.tiers.stats.add("ssd_fills")

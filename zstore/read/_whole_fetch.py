@@ -1,7 +1,7 @@
 """Shard objects at hand whole for a read: mapped from the SSD tier, or fetched whole now.
 
-With ``fetch="shard"`` (URLs and network file systems, an SSD tier that holds the
-store) the first touch of a shard reads the object whole, once for the node: the
+With ``fetch="shard"`` (by default, a remote store with a round trip of 5 ms or more
+and an SSD tier that holds it: :mod:`zstore.read._fetch_mode`) the first touch of a shard reads the object whole, once for the node: the
 process that takes the node's fill lock for it fetches it, and the others read their
 windows' ranges around it instead of waiting.  :meth:`WholeFetch.find` sorts a read's
 shards into those three kinds.  The whole fetches run in a thread of their own while

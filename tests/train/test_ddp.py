@@ -95,7 +95,12 @@ def test_torchrun_two_ranks_share_the_cache(small_store, tmp_path, loader):
     single.set_epoch(0)
     assert single.settle(timeout=120)  # its last fills behind the reads are done too
     assert shared["origin"]["bytes"] == zstore.cache_stats(alone)["origin"]["bytes"]
-    assert shared["ram"]["hits"] > 0
+    # The ranks read from the node's tiers.  Which tier: a process's first read writes nothing
+    # into the RAM tier's slots (its first batch is read with no fill beside it), and with
+    # 2 DataLoader workers of one batch each per epoch, the workers' reads are mostly first
+    # reads, so RAM hits come and go with the timing (0-11 here); the SSD tier keeps each
+    # chunk from the first read on (31-35 hits here).
+    assert shared["ram"]["hits"] + shared["ssd"]["hits"] > 0
 
 
 def test_lightning_datamodule_without_lightning_installed(small_store, cache):

@@ -28,12 +28,15 @@ SPANS = {
 }
 
 
-def _cache(tmp_path: Path, ram_bytes: str | int = 0) -> zstore.CacheConfig:
+def _cache(tmp_path: Path, ram_bytes: str | int = 0, fetch: str = "slots") -> zstore.CacheConfig:
+    """An SSD tier (and a RAM tier of ``ram_bytes``); ``fetch="slots"`` unless the test is
+    of ``auto``'s choice (which times the origin)."""
     return zstore.CacheConfig(
         ram_dir=tmp_path / "ram" if ram_bytes else None,
         ram_bytes=ram_bytes,
         ssd_dir=tmp_path / "ssd",
         ssd_bytes="1GB",
+        fetch=fetch,
     )
 
 
@@ -60,7 +63,7 @@ def test_reads_fill_the_ssd_tier_and_a_later_job_reads_only_the_root(tmp_path, k
     cache = _cache(tmp_path)
     fs = ModelledFileSystem()
     reader = _reader(store, cache, fs)
-    assert reader.fetch == "slots"  # a short round trip: by ranges, into the slots
+    assert reader.fetch == "slots"
     _check(reader.read("rec1", SPANS), data, "rec1")
     first = _ssd(cache)
     assert first["fills"] > 0 and first["corrupt"] == 0
@@ -114,7 +117,7 @@ def test_a_chunk_the_ram_tier_keeps_is_not_kept_in_the_ssd_tier_too(tmp_path):
 
 def test_auto_fetches_whole_shards_only_over_a_long_round_trip_and_the_node_agrees(tmp_path):
     store, data = _store(tmp_path, "int16", items=1)
-    far = _cache(tmp_path / "far")
+    far = _cache(tmp_path / "far", fetch="auto")
     reader = _reader(store, far, ModelledFileSystem(latency=0.02))
     assert reader.fetch == "shard"
     _check(reader.read("rec0", SPANS), data, "rec0")
@@ -122,7 +125,8 @@ def test_auto_fetches_whole_shards_only_over_a_long_round_trip_and_the_node_agre
     assert len(records) == 1 and json.loads(records[0].read_text())["seconds"] >= 0.02
     # the node's other processes use the record, whatever their own first reads took
     assert _reader(store, far, ModelledFileSystem()).fetch == "shard"
-    assert _reader(store, _cache(tmp_path / "near"), ModelledFileSystem()).fetch == "slots"
+    near = _cache(tmp_path / "near", fetch="auto")
+    assert _reader(store, near, ModelledFileSystem()).fetch == "slots"
     # an SSD tier too small for the store: ranges into the slots, whatever the round trip
     small = zstore.CacheConfig(
         ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "small", ssd_bytes="1MB"

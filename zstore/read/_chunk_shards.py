@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from zstore.cache import Checked
 from zstore.cache.slots import slots_nbytes
 from zstore.format import ArrayLayout
 from zstore.origin import Request
@@ -122,30 +121,12 @@ class ChunkShards(RamForm, ChunkFills):
         written)."""
         key = self.key(layout, s)
         self.ram.touch(key)  # an access, for admission
-        view = partial(self._view, layout, s)
-        got = self.values.get(key, view, counted=False)
-        if got is None:
-            if not fill:
-                return None
-            nbytes = self.nbytes(layout, s)
-            if self.ram.admits_as(key, nbytes) is None or not self.ram.reserve(key, nbytes):
-                return None
-            got = self.values.get(key, view, counted=False)
-            if got is None:
-                return None
-        shard: SlotShard = got.view
-        shard.slots.path = got.path
+        shard: SlotShard | None = self.values.slotted(
+            key,
+            partial(SlotShard, layout, s),
+            reserve=partial(self.nbytes, layout, s) if fill else None,
+        )
         return shard
-
-    def _view(self, layout: ArrayLayout, s: int, checked: Checked) -> SlotShard | None:
-        """The slots of a mapped value of shard ``s``; None when it is not one (a value
-        of another size, or not slotted: dropped as corrupt)."""
-        if not checked.slotted:
-            return None
-        try:
-            return SlotShard(layout, s, checked.payload)
-        except ValueError:
-            return None
 
     def _decode(
         self,

@@ -9,6 +9,7 @@ pages are freed and node memory stays within the RAM budget.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from zstore.cache import Checked, Tier
@@ -82,6 +84,41 @@ class MappedValues:
             self.maps.popitem(last=False)
         return entry
 
+    def slotted(
+        self,
+        key: str,
+        build: Callable[[memoryview], Any],
+        *,
+        reserve: Callable[[], int] | None = None,
+        lock: Any = None,
+    ) -> Any:
+        """The view ``build`` makes of the slotted value of ``key`` from its payload
+        (:mod:`zstore.cache.slots`; the view's ``slots`` get the file's path, for their
+        writes), nothing counted; or None.  Where the tier lacks it and ``reserve`` is
+        given, an empty value of ``reserve()`` bytes is indexed first, if the tier admits
+        it (none when that is 0).  A value that is not slotted, or that ``build`` refuses (``ValueError``: of
+        another size), is dropped as corrupt.  ``lock``: held around the lookups (not the
+        reservation), for a caller that does not hold ``self.lock`` already."""
+        view = partial(_slotted_view, build)
+        with lock if lock is not None else contextlib.nullcontext():
+            got = self.get(key, view, counted=False)
+        if got is None:
+            if reserve is None:
+                return None
+            nbytes = reserve()
+            if (
+                not nbytes
+                or self.tier.admits_as(key, nbytes) is None
+                or not self.tier.reserve(key, nbytes)
+            ):
+                return None
+            with lock if lock is not None else contextlib.nullcontext():
+                got = self.get(key, view, counted=False)
+            if got is None:
+                return None
+        got.view.slots.path = got.path
+        return got.view
+
     def get_many(self, wanted: list[tuple[str, Callable[[Checked], Any]]]) -> list[Mapped | None]:
         """:meth:`get` of each ``(key, make_view)``, counted the same (a hit each), with
         the eviction log checked and the hits added once for all (a batch of short
@@ -135,6 +172,16 @@ def _start_unmapper(values: MappedValues) -> None:
             del current
 
     threading.Thread(target=loop, name="zstore-unmap", daemon=True).start()
+
+
+def _slotted_view(build: Callable[[memoryview], Any], checked: Checked) -> Any:
+    """``build``'s view of a mapped slotted value; None when it is not one."""
+    if not checked.slotted:
+        return None
+    try:
+        return build(checked.payload)
+    except ValueError:
+        return None
 
 
 def _alive(path: str, ino: int) -> bool:

@@ -33,7 +33,7 @@ from functools import partial
 import numpy as np
 from crc32c import crc32c
 
-from zstore.cache import Checked, TieredCache
+from zstore.cache import TieredCache
 from zstore.cache.slots import Slots, data_nbytes_of, slots_nbytes
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, decode_index
@@ -137,12 +137,9 @@ class SlottedShards:
     def mapped(self, obj: str, layout: ArrayLayout) -> EncodedShard | None:
         """This process's map of shard object ``obj``; None when the tier lacks it."""
         key = self.tiers.key(f"{obj}{SUFFIX}")
-        with self.values.lock:
-            got = self.values.get(key, partial(_view, layout), counted=False)
-        if got is None:
-            return None
-        shard: EncodedShard = got.view
-        shard.slots.path = got.path
+        shard: EncodedShard | None = self.values.slotted(
+            key, partial(EncodedShard, layout=layout), lock=self.values.lock
+        )
         return shard
 
     def indexes(self, todo: dict[str, ArrayLayout]) -> dict[str, np.ndarray]:
@@ -178,18 +175,14 @@ class SlottedShards:
         """The value of shard object ``obj`` (``index``: its shard index) for a chunk
         to write, indexed empty now if the tier lacks it and admits it; None where it
         does not (the chunk is not kept)."""
-        shard = self.mapped(obj, layout)
+        shard: EncodedShard | None = self.values.slotted(
+            self.tiers.key(f"{obj}{SUFFIX}"),
+            partial(EncodedShard, layout=layout),
+            reserve=partial(_value_nbytes, layout, index),
+            lock=self.values.lock,
+        )
         if shard is None:
-            key = self.tiers.key(f"{obj}{SUFFIX}")
-            end = chunks_end(index)
-            if not end:
-                return None
-            nbytes = slots_nbytes(layout.chunks_per_shard + 1, end + layout.index_bytes)
-            if self.ssd.admits_as(key, nbytes) is None or not self.ssd.reserve(key, nbytes):
-                return None
-            shard = self.mapped(obj, layout)
-            if shard is None:
-                return None
+            return None
         if shard.index is None:
             shard.index = index
         with self._fetched_lock:
@@ -216,12 +209,8 @@ class SlottedShards:
         return f"{self.url}: {obj} (shard index in the SSD tier)"
 
 
-def _view(layout: ArrayLayout, checked: Checked) -> EncodedShard | None:
-    """The slots of a mapped value of a shard object; None when it is not one (not
-    slotted, or too small: dropped as corrupt)."""
-    if not checked.slotted:
-        return None
-    try:
-        return EncodedShard(checked.payload, layout)
-    except ValueError:
-        return None
+def _value_nbytes(layout: ArrayLayout, index: np.ndarray) -> int:
+    """The payload bytes of a shard object's slotted value (0 when no chunk of it is
+    written: no value)."""
+    end = chunks_end(index)
+    return slots_nbytes(layout.chunks_per_shard + 1, end + layout.index_bytes) if end else 0

@@ -185,3 +185,18 @@ def test_a_fresh_jobs_first_reads_write_nothing(tmp_path):
     assert _ssd(cache)["fills"] == 0
     _check(reader.read("rec0", SPANS), data, "rec0")  # the hold ends with the first read
     assert _ssd(cache)["fills"] > 0
+
+
+def test_admission_periods_count_the_values_each_tier_holds() -> None:
+    """The admission counts are halved every few passes over a tier's values: the SSD
+    tier holds a value per shard object under ``slots`` and ``shard``, per chunk under
+    ``range``; the RAM tier per shard (``chunks``, ``decoded``) or per chunk
+    (``encoded``)."""
+    from zstore.format import Sizes
+    from zstore.read._reader_open import PASSES, admission_periods
+
+    sizes = Sizes(decoded_bytes=1, stored_bytes=1, shards=700, chunks=44_800)
+    assert admission_periods(sizes, "chunks", "slots") == (PASSES * 700, PASSES * 700)
+    assert admission_periods(sizes, "decoded", "shard") == (PASSES * 700, PASSES * 700)
+    assert admission_periods(sizes, "encoded", "range") == (PASSES * 44_800, PASSES * 44_800)
+    assert admission_periods(sizes, "chunks", "range") == (PASSES * 700, PASSES * 44_800)

@@ -73,7 +73,7 @@ from zstore.format.precision import (
     wider_kind,
     within_rounding,
 )
-from zstore.format.sizing import field_sizes, stored_objects
+from zstore.format.sizing import Sizes, field_sizes, stored_objects
 
 __all__ = [
     "PACK_SECONDS",
@@ -114,6 +114,7 @@ __all__ = [
     "EMPTY",
     "encode_array",
     "field_sizes",
+    "Sizes",
     "stored_objects",
     "fill_chunk",
     "geometry",

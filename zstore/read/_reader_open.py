@@ -23,7 +23,14 @@ from zstore.cache import (
 )
 from zstore.cache import choose as choose_format
 from zstore.cache import record as record_format
-from zstore.format import VERIFIED, ArrayLayout, field_sizes, read_manifest, verified_tables
+from zstore.format import (
+    VERIFIED,
+    ArrayLayout,
+    Sizes,
+    field_sizes,
+    read_manifest,
+    verified_tables,
+)
 from zstore.origin import Origin
 from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds, FirstReadHold
 from zstore.read._chunk_shards import ChunkShards
@@ -44,6 +51,18 @@ FORMS: dict[str, type[ShardForm] | type[ChunkShards]] = {
     "encoded": EncodedShards,
 }
 PASSES = 8  # admission counts are halved every PASSES x (values of the store) accesses
+
+
+def admission_periods(sizes: Sizes, ram_format: str, fetch: str) -> tuple[int, int]:
+    """Accesses between halvings of the RAM and the SSD tier's admission counts: PASSES
+    x the values each tier holds of the store, and counts an access each time a read
+    uses one.  The RAM tier's values are shards (``chunks``, ``decoded``) or chunks
+    (``encoded``); the SSD tier's are shard objects where the reads keep them in slots
+    or whole (``slots``, ``shard``), else chunks.  (Sized by chunks under ``slots`` and
+    ``shard``, counts of per-shard values lasted ~64x the passes meant.)"""
+    ram = sizes.shards if ram_format in ("chunks", "decoded") else sizes.chunks
+    ssd = sizes.shards if fetch in ("slots", "shard") else sizes.chunks
+    return PASSES * ram, PASSES * ssd
 
 
 class ReaderSetup(ItemPlaces):
@@ -181,12 +200,11 @@ class ReaderSetup(ItemPlaces):
         )
         tiers.ram_format = choice.format
         # Halve the access counts every few passes over the values (see cache.admission).
+        ram_period, ssd_period = admission_periods(sizes, choice.format, self.fetch)
         if tiers.ram is not None:
-            tiers.ram.set_period(
-                PASSES * (sizes.shards if choice.format in ("chunks", "decoded") else sizes.chunks)
-            )
+            tiers.ram.set_period(ram_period)
         if tiers.ssd is not None:
-            tiers.ssd.set_period(PASSES * sizes.chunks)
+            tiers.ssd.set_period(ssd_period)
         record_format(tiers.node_dir("formats"), self.manifest.store_id, choice)
         return choice
 

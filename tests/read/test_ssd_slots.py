@@ -1,8 +1,9 @@
 """The SSD tier filled by the reads (a remote origin read by ranges): each chunk a read
 fetches is written into its shard's slot in the SSD tier, with the shard index; a
 later job reads those from the tier, not the origin; a chunk the RAM tier keeps is
-not kept twice; a damaged slot is fetched again; ``fetch="auto"`` reads whole shards
-only where the origin's round trip is long, and every process of a node agrees.
+not kept twice; a damaged slot is fetched again; a tier smaller than the store keeps
+its budget; ``fetch="auto"`` reads whole shards only where the origin's round trip is
+long, and every process of a node agrees.
 Real HDF5 files written by h5py, converted, read through the public API."""
 
 from __future__ import annotations
@@ -200,3 +201,31 @@ def test_admission_periods_count_the_values_each_tier_holds() -> None:
     assert admission_periods(sizes, "decoded", "shard") == (PASSES * 700, PASSES * 700)
     assert admission_periods(sizes, "encoded", "range") == (PASSES * 44_800, PASSES * 44_800)
     assert admission_periods(sizes, "chunks", "range") == (PASSES * 700, PASSES * 44_800)
+
+
+def test_an_ssd_tier_smaller_than_the_store_keeps_its_budget_and_the_values(tmp_path):
+    """With room for about half the store's shards, the slots' values are admitted and
+    evicted by the tier's rules (reads that move to one item: its shards displace
+    the others' once read clearly more often); every window
+    equals the source, the tier stays within its budget, and nothing is corrupt."""
+    store, data = _store(tmp_path, "float", items=3)
+    stored = sum(p.stat().st_size for p in Path(store).rglob("*") if p.is_file())
+    budget = stored // 2
+    cache = zstore.CacheConfig(
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes=budget, fetch="slots"
+    )
+    fs = ModelledFileSystem()
+    reader = _reader(store, cache, fs)
+    rng = np.random.default_rng(5)
+    for item, reads in [("rec0", 3), ("rec1", 3), ("rec2", 30), ("rec0", 3)]:
+        src = data[item]
+        for _ in range(reads):
+            start = int(rng.integers(0, src["act"].shape[1] - 2000))
+            wav, act = Span(start * 160, (start + 2000) * 160), Span(start, start + 2000)
+            got = reader.read(item, {"wav": wav, "act": act})
+            assert np.array_equal(got["wav"], src["wav"][:, wav.start : wav.stop])
+            assert np.array_equal(got["act"], src["act"][:, act.start : act.stop])
+    stats = _ssd(cache)
+    assert stats["fills"] > 0 and stats["hits"] > 0 and stats["corrupt"] == 0
+    assert stats["evictions"] > 0
+    assert stats["bytes_on_disk"] <= budget

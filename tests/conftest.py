@@ -115,6 +115,20 @@ def write_h5(
     return str(path)
 
 
+def same_layout_sources(where: Path, items: int = 4, seconds: int = 30) -> list[str]:
+    """Two HDF5 files (a.h5, b.h5) of the same items and shapes whose ``wav`` values
+    differ (all >= 1000/32768 in a, >= -2000/32768 in b) but compress to the same sizes,
+    so one store's shard indexes fit the other's objects byte for byte."""
+    paths = []
+    for name, level in (("a.h5", 1000), ("b.h5", -2000)):
+        with h5py.File(Path(where) / name, "w") as f:
+            for i in range(items):
+                wave = level + (np.arange(16000 * seconds) % 7)
+                f[f"rec{i}/wav"] = (wave[None] / 32768).astype(np.float32)
+        paths.append(str(Path(where) / name))
+    return paths
+
+
 def kill_when(proc, ready) -> None:
     """SIGKILL ``proc`` once ``ready()`` holds: checked whenever the process has run a
     little longer (waking at once if it exits), then waited for."""

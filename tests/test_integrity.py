@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import same_layout_sources
 
 import zstore
 
@@ -252,29 +253,19 @@ def test_a_damaged_ram_shard_found_by_one_reader_is_dropped_for_every_reader(
     assert _whole_items(small_store, cfg) == expected
 
 
-def _same_layout_sources(tmp_path):
-    """Two files of the same items and shapes whose values differ but compress to the
-    same sizes, so one store's shard indexes fit the other's objects byte for byte."""
-    import h5py
-    import numpy as np
-
-    paths = []
-    for name, level in (("a.h5", 1000), ("b.h5", -2000)):
-        with h5py.File(tmp_path / name, "w") as f:
-            for i in range(4):
-                wave = level + (np.arange(16000 * 30) % 7)
-                f[f"rec{i}/wav"] = (wave[None] / 32768).astype(np.float32)
-        paths.append(str(tmp_path / name))
-    return paths
+def _store_of_a(tmp_path):
+    """b.h5 of :func:`same_layout_sources`, and a store converted from a.h5."""
+    a, b = same_layout_sources(tmp_path)
+    store = tmp_path / "s.zarr"
+    zstore.convert(a, store, rates={"wav": 16000}, progress=False)
+    return b, store
 
 
 @pytest.mark.parametrize("tier", ["none", "ram, a tenth of the store", "ram, all of it"])
 def test_a_store_overwritten_under_a_running_job_never_gives_the_new_values(tmp_path, tier):
     # The job kept its manifest and its tiers' shard indexes, and read the new store's
     # objects: windows of both stores, mixed, without an error.
-    a, b = _same_layout_sources(tmp_path)
-    store = tmp_path / "s.zarr"
-    zstore.convert(a, store, rates={"wav": 16000}, progress=False)
+    b, store = _store_of_a(tmp_path)
     cache = (
         False
         if tier == "none"
@@ -308,9 +299,7 @@ def test_an_append_under_a_running_job_is_not_a_replacement(tmp_path):
     import h5py
     import numpy as np
 
-    a, _ = _same_layout_sources(tmp_path)
-    store = tmp_path / "s.zarr"
-    zstore.convert(a, store, rates={"wav": 16000}, progress=False)
+    _, store = _store_of_a(tmp_path)
     ds = zstore.WindowDataset(store, window_seconds=1.0, cache=False, windows_per_item=4)
     first = [ds[i]["wav"].numpy().copy() for i in range(0, len(ds), 2)]
     with h5py.File(tmp_path / "more.h5", "w") as f:
@@ -352,3 +341,35 @@ def test_labels_of_a_store_overwritten_under_a_running_job_are_never_the_new_one
             continue
         assert label < 100, f"item {i} got the new store's label {label}"
     assert refused > 0
+
+
+@pytest.mark.parametrize("tier", ["none", "ssd"])
+def test_a_store_overwritten_under_zarr_reads_through_open_store_never_gives_the_new_values(
+    tmp_path, tier
+):
+    # zarr's own API through zstore.open_store: the same check as the reader's rounds
+    import zarr
+
+    b, store = _store_of_a(tmp_path)
+    cache = (
+        False
+        if tier == "none"
+        else zstore.CacheConfig(ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd")
+    )
+    group = zarr.open_group(zstore.open_store(store, cache=cache), mode="r")
+    arrays = {f"rec{i}": group[f"rec{i}/wav"] for i in range(4)}
+    assert round(float(arrays["rec0"][:, :16000].min()) * 32768) == 1000
+    zstore.convert(b, store, rates={"wav": 16000}, progress=False, overwrite=True)
+    served, refused = 0, 0
+    for name, array in arrays.items():
+        try:
+            low = round(float(array[:, :].min()) * 32768)
+        except zstore.StoreReplacedError as e:
+            assert "replaced while this job read it" in str(e)
+            refused += 1
+            continue
+        assert low == 1000, f"{name} holds the new store's values"
+        served += 1
+    assert refused > 0
+    fresh = zarr.open_group(zstore.open_store(store, cache=cache), mode="r")
+    assert round(float(fresh["rec0/wav"][:, :16000].min()) * 32768) == -2000

@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, RATES, subprocess_env
+from conftest import PYTHON, RATES, same_layout_sources, subprocess_env
 
 import zstore
 from zstore.format.layout import Span
@@ -249,3 +249,30 @@ def test_conversion_to_s3_that_cannot_be_written_is_one_line(s3, small_h5, tmp_p
     assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "s3://zstore-test/denied.zarr" in proc.stderr and "credentials" in proc.stderr
     assert os.path.exists(small_h5)
+
+
+def test_zarr_reads_through_open_store_stop_when_the_s3_store_is_overwritten(s3, tmp_path):
+    """The root read beside each origin round of ``open_store`` (a remote store's, in the
+    same concurrent round): after an overwrite, chunks not in the tiers raise instead of
+    returning the new store's values; a new ``open_store`` reads the new store."""
+    import zarr
+
+    options, _ = s3
+    url = "s3://zstore-test/overwritten.zarr"
+    sources = same_layout_sources(tmp_path, items=3, seconds=20)
+    kw = {"rates": {"wav": 16000}, "storage_options": options, "progress": False}
+    zstore.convert(sources[0], url, **kw)
+    cache = zstore.CacheConfig(ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd")
+    group = zarr.open_group(zstore.open_store(url, cache=cache, storage_options=options), mode="r")
+    arrays = [group[f"rec{i}/wav"] for i in range(3)]
+    assert round(float(arrays[0][:, :16000].min()) * 32768) == 1000
+    zstore.convert(sources[1], url, overwrite=True, **kw)
+    refused = 0
+    for array in arrays:
+        try:
+            assert round(float(array[:, :].min()) * 32768) == 1000, "the new store's values"
+        except zstore.StoreReplacedError:
+            refused += 1
+    assert refused > 0
+    fresh = zarr.open_group(zstore.open_store(url, cache=cache, storage_options=options), mode="r")
+    assert round(float(fresh["rec0/wav"][:, :16000].min()) * 32768) == -2000

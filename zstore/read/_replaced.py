@@ -13,7 +13,9 @@ no value of another store is returned or put in the tiers: the round raises
 index of the new store decodes nothing by itself, and the chunks read through it come
 in a checked round (where its offsets hit the tiers, they hold the old store's bytes).
 Values read outside those rounds (a batch record, an array read through zarr) are
-checked right after with :meth:`StoreCheck.now`.  An append rewrites the root too,
+checked right after with :meth:`StoreCheck.now`.  ``zstore.open_store``'s store
+(:mod:`zstore.read._zarr_store`) reads the root beside each of its origin rounds, as
+the reader's rounds do.  An append rewrites the root too,
 keeping the store id: the job goes on with the view it opened (appends rewrite no
 object)."""
 

@@ -10,6 +10,7 @@ same keys, so both paths share cached bytes.
 from __future__ import annotations
 
 import asyncio
+import os
 import warnings
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -26,7 +27,8 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zstore.cache import CacheConfig, TieredCache, as_cache_config
 from zstore.format import MANIFEST_ATTR, read_manifest, read_root
 from zstore.origin import Origin
-from zstore.urls import zarr_store
+from zstore.read._replaced import ROOT, StoreCheck
+from zstore.urls import is_url, local_path, zarr_store
 
 _READ_ONLY = "store was opened in read-only mode and does not support writing"
 
@@ -52,6 +54,10 @@ class CachedStore(Store):
         store_id: the cache namespace (the manifest's store id).
         cache: tier settings; ``None`` reads the origin directly.
         storage_options: passed to fsspec.
+        complete: every chunk object was written (a missing one is an error).
+        check_root: read the root beside every round of origin reads and raise
+            :class:`zstore.StoreReplacedError` where its store id is no longer
+            ``store_id`` (``open_store`` sets it for a store with a manifest).
     """
 
     supports_writes = False
@@ -68,6 +74,7 @@ class CachedStore(Store):
         storage_options: dict[str, Any] | None = None,
         read_only: bool = True,
         complete: bool = False,
+        check_root: bool = False,
     ):
         super().__init__(read_only=True)
         if not read_only:
@@ -80,8 +87,14 @@ class CachedStore(Store):
         self.cache = cache
         self.storage_options = dict(storage_options or {})
         self.complete = complete
+        self.check_root = check_root
         self._metas: Any = None  # the store's ArrayMetas, read on the first missing key
         self._origin = zarr_store(self.url, self.storage_options, read_only=True)
+        #: the store this was opened on (its id), checked beside every origin round
+        self._check = StoreCheck(self.url, store_id) if check_root and store_id else None
+        #: a local store's root file (read directly: zarr's local reads go through a
+        #: thread, ~0.3 ms each)
+        self._local_root = None if is_url(self.url) else os.path.join(local_path(self.url), ROOT)
         self.tiers = (
             TieredCache(cache.resolved().for_store(self.url), store_id)
             if cache is not None
@@ -95,6 +108,7 @@ class CachedStore(Store):
             "cache": self.cache,
             "storage_options": self.storage_options,
             "complete": self.complete,
+            "check_root": self.check_root,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -119,38 +133,49 @@ class CachedStore(Store):
             storage_options=self.storage_options,
             read_only=read_only,
             complete=self.complete,
+            check_root=self.check_root,
         )
 
     async def _fetch(
-        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None
-    ) -> bytes | None:
-        buf = await self._origin.get(key, prototype, byte_range)
-        if buf is None:
-            return None
-        value = buf.to_bytes()
+        self, wanted: list[tuple[str, ByteRequest | None]], prototype: BufferPrototype
+    ) -> list[Buffer | None]:
+        """Read ``wanted`` (key, byte range) from the origin in one round, with the
+        store's root where it is checked: a round that finds the store replaced or
+        removed since it was opened raises :class:`StoreReplacedError` and returns none
+        of its values (:mod:`zstore.read._replaced`).  A local store's root is read
+        right after the values (~20 us: an overwrite rewrites the root before any
+        object, so a value of the new store is always seen with its root); a remote
+        store's in the same concurrent round, as the reader's rounds do.  (zarr reads a
+        shard's chunks one ``get`` at a time, so a round is mostly one chunk.)"""
+        check = self._check
+        reads: list[Any] = [
+            self._origin.get(key, prototype, byte_range) for key, byte_range in wanted
+        ]
+        remote_check = check is not None and self._local_root is None
+        if remote_check:
+            reads.append(self._origin.get(ROOT, prototype))
+        bufs: list[Buffer | None] = list(await asyncio.gather(*reads))
+        if check is not None:
+            root = bufs.pop() if remote_check else self._read_local_root()
+            check.verify(root.to_bytes() if isinstance(root, Buffer) else root)
         if self.tiers is not None:
-            self.tiers.stats.add("origin_requests")
-            self.tiers.stats.add("origin_bytes", len(value))
-        return value
+            got = [buf for buf in bufs if buf is not None]
+            self.tiers.stats.add("origin_requests", len(got))
+            self.tiers.stats.add("origin_bytes", sum(len(buf) for buf in got))
+        return bufs
+
+    def _read_local_root(self) -> bytes | None:
+        assert self._local_root is not None
+        try:
+            with open(self._local_root, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        await self._ensure_open()
-        if self.tiers is None:
-            buf = await self._origin.get(key, prototype, byte_range)
-            if buf is None:
-                self._check_missing(key)
-            return buf
-        ckey = key + range_suffix(byte_range)
-        value = self.tiers.lookup(ckey)
-        if value is None:
-            value = await self._fetch(key, prototype, byte_range)
-            if value is None:
-                self._check_missing(key)
-                return None  # missing at the origin: zarr reads the fill value
-            self.tiers.fill(ckey, value)
-        return prototype.buffer.from_bytes(value)
+        return (await self.get_partial_values(prototype, [(key, byte_range)]))[0]
 
     def _check_missing(self, key: str) -> None:
         """Raise for a chunk object that a complete store must hold (zarr would read the
@@ -184,7 +209,35 @@ class CachedStore(Store):
         prototype: BufferPrototype,
         key_ranges: Iterable[tuple[str, ByteRequest | None]],
     ) -> list[Buffer | None]:
-        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
+        """Each (key, byte range) from the tiers, the rest from the origin in one round
+        (:meth:`_fetch`), put in the tiers; None for a key missing at the origin (zarr
+        reads the fill value; a complete store's missing chunk object raises)."""
+        await self._ensure_open()
+        wanted = list(key_ranges)
+        out: list[Buffer | None] = [None] * len(wanted)
+        misses: list[int] = []
+        for i, (key, byte_range) in enumerate(wanted):
+            value = (
+                self.tiers.lookup(key + range_suffix(byte_range))
+                if self.tiers is not None
+                else None
+            )
+            if value is None:
+                misses.append(i)
+            else:
+                out[i] = prototype.buffer.from_bytes(value)
+        if not misses:
+            return out
+        fetched = await self._fetch([wanted[i] for i in misses], prototype)
+        for i, buf in zip(misses, fetched):
+            key, byte_range = wanted[i]
+            if buf is None:
+                self._check_missing(key)
+                continue
+            if self.tiers is not None:
+                self.tiers.fill(key + range_suffix(byte_range), buf.to_bytes())
+            out[i] = buf
+        return out
 
     async def exists(self, key: str) -> bool:
         return await self._origin.exists(key)
@@ -242,4 +295,5 @@ def open_store(
         cache=config,
         storage_options=storage_options,
         complete=bool(manifest.get("all_chunks_written")),
+        check_root=store_id is not None,
     )

@@ -1011,3 +1011,88 @@ def test_a_source_another_process_writes_is_named_as_such(tmp_path):
         proc = cli("convert", src, str(tmp_path / "w.zarr"), "--rate", "wav=16000")
     assert_one_line_error(proc, "another process has the file open for writing")
     assert "corrupt" not in proc.stderr
+
+
+def _virtual_corpus(where: Path) -> tuple[str, str]:
+    """A file whose ``rec_000/wav`` is a virtual dataset over two source files (one
+    second each, end to end) and whose ``rec_001/wav`` keeps its bytes in an external
+    file beside it, as HDF5 tools write them (names relative to the file)."""
+    rng = np.random.default_rng(3)
+    for k in range(2):
+        with h5py.File(where / f"part{k}.h5", "w") as f:
+            f["wav"] = (rng.integers(-3000, 3000, (2, 16000)) / 32768).astype(np.float32)
+    layout = h5py.VirtualLayout(shape=(2, 32000), dtype=np.float32)
+    for k in range(2):
+        layout[:, k * 16000 : (k + 1) * 16000] = h5py.VirtualSource(
+            f"part{k}.h5", "wav", shape=(2, 16000)
+        )
+    (rng.standard_normal((2, 24000)).astype(np.float32) * 0.1).tofile(where / "raw.bin")
+    src = where / "v.h5"
+    with h5py.File(src, "w") as f:
+        f.create_group("rec_000").create_virtual_dataset("wav", layout, fillvalue=0)
+        f["rec_000/act"] = np.ones((2, 320), np.float32)
+        f.create_group("rec_001").create_dataset(
+            "wav", shape=(2, 24000), dtype=np.float32, external=[("raw.bin", 0, 2 * 24000 * 4)]
+        )
+        f["rec_001/act"] = np.zeros((2, 240), np.float32)
+    return str(src), str(where / "v.zarr")
+
+
+def test_virtual_and_external_datasets_convert_with_their_values(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # HDF5 finds external files from the working directory
+    src, dst = _virtual_corpus(tmp_path)
+    zstore.convert(src, dst, rates={"wav": 16000}, workers=1, progress=False, verify=True)
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False)
+    with h5py.File(src) as f:
+        for i in range(len(ds)):
+            item = ds[i]["item"]
+            assert np.array_equal(ds[i]["wav"].numpy(), f[f"{item}/wav"][()]), item
+
+
+def test_a_virtual_dataset_whose_source_is_missing_is_left_out_not_read_as_zeros(
+    tmp_path, monkeypatch
+):
+    # HDF5 reads a virtual dataset's missing source as its fill value, with no error
+    monkeypatch.chdir(tmp_path)
+    src, dst = _virtual_corpus(tmp_path)
+    (tmp_path / "part1.h5").rename(tmp_path / "elsewhere.h5")
+    with h5py.File(src) as f:
+        assert not f["rec_000/wav"][:, 16000:].any()  # what would have been converted
+    with pytest.warns(UserWarning, match="part1.h5 is missing"):
+        zstore.convert(src, dst, rates={"wav": 16000}, workers=1, progress=False)
+    manifest = manifest_of(dst)
+    said = "\n".join(manifest.extra["skipped"])
+    assert "rec_000/wav: a virtual dataset whose source file part1.h5 is missing" in said
+    assert "zarr.json" not in {p.name for p in (Path(dst) / "rec_000" / "wav").glob("*")}
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False, fields=["wav"], missing="skip")
+    assert [ds[i]["item"] for i in range(len(ds))] == ["rec_001"]
+
+
+@pytest.mark.parametrize("changed", ["part0.h5", "raw.bin"])
+def test_a_file_a_dataset_reads_changed_while_converted_is_not_published(
+    tmp_path, monkeypatch, changed
+):
+    # a virtual dataset's source file, or an external storage file
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    src, dst = _virtual_corpus(tmp_path)
+    module = importlib.import_module("zstore.convert.pipeline")
+    original = module.write_all
+
+    def write_all(*args, **kwargs):  # a writer racing the conversion, in place
+        out = original(*args, **kwargs)
+        if changed == "raw.bin":
+            with open(tmp_path / changed, "r+b") as f:
+                f.write(b"\0" * 64)
+        else:
+            with h5py.File(tmp_path / changed, "r+") as f:
+                f["wav"][...] = 0
+        return out
+
+    monkeypatch.setattr(module, "write_all", write_all)
+    with pytest.raises(zstore.SourceError, match=f"{changed}: the file changed while its items"):
+        zstore.convert(src, dst, rates={"wav": 16000}, workers=1, progress=False)
+    monkeypatch.undo()
+    with pytest.raises(zstore.ZstoreError, match="conversion has not finished"):
+        zstore.WindowDataset(dst, window_seconds=1.0, cache=False)

@@ -22,13 +22,14 @@ from zstore.convert._dataset_items import dataset_items as _dataset_items
 from zstore.convert._fields import SEPARATOR, numeric_fields
 from zstore.convert._source import NUMERIC_KINDS, SourceItem, identity_of, open_source
 from zstore.convert._subgroups import merge_subgroups, nested_items
+from zstore.convert._virtual import OtherFiles, Others, other_files
 from zstore.errors import SourceError
 from zstore.urls import is_url
 
 #: A described object: (HDF5 object type, address, number of attributes, and for a
-#: dataset its shape, dtype and data offset when contiguous); None where nothing is
-#: there (a dangling soft link).
-Row = tuple[int, int, int, tuple[int, ...] | None, np.dtype | None, int | None] | None
+#: dataset its shape, dtype, data offset when contiguous, and the other files it reads:
+#: :mod:`zstore.convert._virtual`); None where nothing is there (a dangling soft link).
+Row = tuple[int, int, int, tuple[int, ...] | None, np.dtype | None, int | None, Others] | None
 
 #: A link in the order of one visit of the file: (path, link type, the object behind
 #: it; None for an external link).
@@ -112,7 +113,7 @@ def scan(
                 links = _walk_shared(f.id, path, identity, pool)
             else:
                 links = walk(f.id)
-            found, left, aliases, direct, attrs = _datasets(f.id, links)
+            found, left, aliases, direct, attrs, others = _datasets(f.id, links)
         except (OSError, RuntimeError, KeyError) as e:
             raise SourceError(
                 f"{path}: reading the file failed ({e}); it may be truncated or corrupt: re-copy it"
@@ -122,12 +123,15 @@ def scan(
         f"{alias}: the same group as '{target}' (a link): converted once, as '{target}'"
         for alias, target in sorted(aliases.items())
     ]
+    files = OtherFiles(path) if others and not is_url(path) else None
+    if files is not None:
+        found = _with_their_sources(found, others, files, skipped)
     if dataset_items is not None:
         items, left = _dataset_items(found, dataset_items, path, identity, attrs)
         skipped += left
         if not items:
             raise SourceError(f"{path}: holds no numeric datasets; nothing to convert")
-        return items, skipped
+        return _depending(items, others, files), skipped
     groups: dict[str, list[tuple[str, tuple[int, ...], np.dtype]]] = {}
     split: dict[str, dict[str, tuple[str, str]]] = {}  # group -> its compound fields
     paths = {full for full, _, _ in found}
@@ -195,7 +199,43 @@ def scan(
             )
         )
     items.sort(key=lambda it: it.name)
-    return items, skipped
+    return _depending(items, others, files), skipped
+
+
+def _with_their_sources(
+    found: list[tuple[str, tuple[int, ...], np.dtype]],
+    others: dict[str, Others],
+    files: OtherFiles,
+    skipped: list[str],
+) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    """``found`` less the virtual datasets that would read fill values for a missing
+    source (each named in ``skipped``)."""
+    kept = []
+    for full, shape, dtype in found:
+        why = files.missing(others.get(full, ()))
+        if why is None:
+            kept.append((full, shape, dtype))
+        else:
+            skipped.append(
+                f"{full}: a virtual dataset whose {why}: it would read as its fill value "
+                "(zeros), not the recording; restore the file to convert it"
+            )
+    return kept
+
+
+def _depending(
+    items: list[SourceItem], others: dict[str, Others], files: OtherFiles | None
+) -> list[SourceItem]:
+    """``items``, each with the other files its datasets read and their identities
+    (:attr:`SourceItem.depends`)."""
+    if files is None:
+        return items
+    for it in items:
+        below = it.group + "/"
+        for full, files_of in others.items():
+            if full == it.group or full.startswith(below):
+                it.depends.update(files.identities(files_of))
+    return items
 
 
 def _identity(f: h5py.File) -> tuple[int, int, int] | None:
@@ -215,11 +255,13 @@ def _datasets(
     dict[str, str],
     dict[str, int],
     dict[str, int],
+    dict[str, Others],
 ]:
     """(path, shape, dtype) of every dataset in the file, what was left out and why, the
     groups reached under a second name (alias -> the name it is converted under), the
-    byte offsets of datasets stored contiguously in the file, and how many attributes
-    each object that has any has, by path.
+    byte offsets of datasets stored contiguously in the file, how many attributes each
+    object that has any has, and the other files a dataset reads (virtual datasets,
+    external storage), by path.
 
     Takes the file's ``links`` as one visit lists them, each once: a group hard-linked
     under several names is converted under its first name in name order and the others
@@ -232,6 +274,7 @@ def _datasets(
     groups: dict[int, str] = {}
     direct: dict[str, int] = {}
     attrs: dict[str, int] = {}
+    others: dict[str, Others] = {}
     below: bytes | None = None  # the path of the alias whose links are passed over
     for raw, kind, row in links:
         if below is not None:
@@ -256,7 +299,7 @@ def _datasets(
             )
             skipped.append(f"{name}: soft link to {target}, which does not exist")
             continue
-        kind_of, addr, num_attrs, shape, dtype, offset = row
+        kind_of, addr, num_attrs, shape, dtype, offset, reads = row
         if num_attrs:
             attrs[name] = num_attrs
         if kind_of == h5py.h5o.TYPE_GROUP:
@@ -273,7 +316,9 @@ def _datasets(
             datasets.append((name, shape, dtype))
             if offset is not None:
                 direct[name] = offset
-    return datasets, skipped, aliases, direct, attrs
+            if reads:
+                others[name] = reads
+    return datasets, skipped, aliases, direct, attrs, others
 
 
 def walk(fid: Any, tops: list[tuple[bytes, int]] | None = None) -> list[Link]:
@@ -319,16 +364,16 @@ def objects(fid: Any, names: list[bytes]) -> list[Row]:
             out.append(None)  # a soft link to nothing
             continue
         if info.type != h5py.h5o.TYPE_DATASET:
-            out.append((info.type, info.addr, info.num_attrs, None, None, None))
+            out.append((info.type, info.addr, info.num_attrs, None, None, None, ()))
             continue
         ds = h5py.h5d.open(fid, raw)
         tid = ds.get_type()
         if last is None or not tid == last[0]:  # H5Tequal: the same type, the same dtype
             last = (tid, tid.dtype)
         shape = ds.shape
-        out.append(
-            (info.type, info.addr, info.num_attrs, shape, last[1], _contiguous(ds, shape, last[1]))
-        )
+        offset = _contiguous(ds, shape, last[1])
+        reads = other_files(ds) if offset is None else ()
+        out.append((info.type, info.addr, info.num_attrs, shape, last[1], offset, reads))
     return out
 
 

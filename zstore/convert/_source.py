@@ -49,6 +49,9 @@ class SourceItem:
     fields: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: arrays cast to another dtype (``dtypes`` now says it): their dtype in the file
     cast_from: dict[str, np.dtype] = field(default_factory=dict)
+    #: other files its datasets read (a virtual dataset's sources, external storage),
+    #: with their (size, mtime_ns, inode) when scanned (:mod:`zstore.convert._virtual`)
+    depends: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +83,8 @@ def check_unchanged(items: list[SourceItem], again: str) -> None:
     for it in items:
         if it.identity is not None:
             scanned.setdefault(it.source, it.identity)
+        for other, was in it.depends.items():  # a virtual dataset's sources, ...
+            scanned.setdefault(other, was)
     for path, was in scanned.items():
         try:
             now: tuple[int, int, int] | None = identity_of(path)

@@ -1,0 +1,115 @@
+"""Datasets whose values live in other files: HDF5 virtual datasets (VDS, their values
+mapped from datasets of source files) and datasets with external storage (raw bytes in
+plain files beside the HDF5 file).
+
+A virtual dataset whose source file (or source dataset) is missing reads as its fill
+value, zeros mostly, with no error: converted, the store would hold zeros where the
+recording is. So such a dataset is left out, with the missing file named (and the item
+converted without it, or left out where it has nothing else). The files a dataset reads
+are also recorded with their identities (:attr:`SourceItem.depends`), so a file written
+to while its items are converted stops the conversion as the HDF5 file itself does
+(:func:`zstore.convert._source.check_unchanged`).
+
+HDF5 finds a source file named relatively under ``HDF5_VDS_PREFIX``, then beside the
+virtual dataset's file, then in the working directory; an external file in
+``HDF5_EXTFILE_PREFIX`` or the working directory. A source named by a pattern
+(``%b``: the file's own name) is not checked.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import h5py
+
+from zstore.convert._source import identity_of
+
+#: what a dataset reads from other files: (kind, file name as HDF5 stores it, the
+#: source dataset's path for a virtual dataset, else "")
+Others = tuple[tuple[str, str, str], ...]
+
+
+def other_files(ds: Any) -> Others:
+    """The files the h5py dataset id ``ds`` reads besides its own: a virtual dataset's
+    source files (not its own file, ``"."``), an external storage's files."""
+    try:
+        dcpl = ds.get_create_plist()
+        layout = dcpl.get_layout()
+        if layout == h5py.h5d.VIRTUAL:
+            out = []
+            for i in range(dcpl.get_virtual_count()):
+                name = dcpl.get_virtual_filename(i)
+                if name != ".":
+                    out.append(("virtual", name, dcpl.get_virtual_dsetname(i)))
+            return tuple(dict.fromkeys(out))
+        if layout == h5py.h5d.CONTIGUOUS and dcpl.get_external_count():
+            files = [dcpl.get_external(i)[0] for i in range(dcpl.get_external_count())]
+            return tuple(
+                dict.fromkeys(("external", f.decode("utf-8", "surrogateescape"), "") for f in files)
+            )
+    except (OSError, RuntimeError, ValueError, TypeError):
+        pass
+    return ()
+
+
+def _where(kind: str, name: str, source: str) -> str | None:
+    """The path HDF5 reads ``name`` at, or None where no candidate exists."""
+    if os.path.isabs(name):
+        return name if os.path.exists(name) else None
+    prefix = os.environ.get("HDF5_VDS_PREFIX" if kind == "virtual" else "HDF5_EXTFILE_PREFIX")
+    places = [prefix] if prefix else []
+    if kind == "virtual":
+        places.append(os.path.dirname(os.path.abspath(source)))
+    places.append(os.getcwd())
+    for place in places:
+        path = os.path.join(place, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+class OtherFiles:
+    """The other files of one HDF5 file's datasets: where each is, whether a virtual
+    dataset's sources are all there, and their identities."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self._held: dict[tuple[str, str], bool] = {}  # (path, dataset): present
+
+    def missing(self, others: Others) -> str | None:
+        """Why a dataset reading ``others`` would read fill values for data it lacks
+        (a virtual dataset's source file or dataset not there), else None."""
+        for kind, name, dataset in others:
+            if kind != "virtual" or "%" in name:
+                continue
+            path = _where(kind, name, self.source)
+            if path is None:
+                return f"source file {name} is missing"
+            if not self._has(path, dataset):
+                return f"source {name} has no dataset {dataset}"
+        return None
+
+    def _has(self, path: str, dataset: str) -> bool:
+        key = (path, dataset)
+        if key not in self._held:
+            try:
+                with h5py.File(path, "r") as f:
+                    self._held[key] = isinstance(f.get(dataset), h5py.Dataset)
+            except (OSError, ValueError):
+                self._held[key] = False
+        return self._held[key]
+
+    def identities(self, others: Others) -> dict[str, tuple[int, int, int]]:
+        """(size, mtime_ns, inode) of each file of ``others`` that is there."""
+        out: dict[str, tuple[int, int, int]] = {}
+        for kind, name, _ in others:
+            if "%" in name:
+                continue
+            path = _where(kind, name, self.source)
+            if path is not None and path not in out:
+                try:
+                    out[path] = identity_of(path)
+                except OSError:
+                    continue
+        return out

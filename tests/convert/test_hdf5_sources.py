@@ -1096,3 +1096,21 @@ def test_a_file_a_dataset_reads_changed_while_converted_is_not_published(
     monkeypatch.undo()
     with pytest.raises(zstore.ZstoreError, match="conversion has not finished"):
         zstore.WindowDataset(dst, window_seconds=1.0, cache=False)
+
+
+def test_a_rerun_after_a_virtual_datasets_source_changed_is_another_conversion(
+    tmp_path, monkeypatch
+):
+    # the HDF5 file itself is unchanged: its virtual dataset's values are not
+    monkeypatch.chdir(tmp_path)
+    src, dst = _virtual_corpus(tmp_path)
+    kw = {"rates": {"wav": 16000}, "workers": 1, "progress": False}
+    zstore.convert(src, dst, **kw)
+    zstore.convert(src, dst, **kw)  # the same sources: nothing to do
+    with h5py.File(tmp_path / "part0.h5", "r+") as f:
+        f["wav"][...] = 0
+    with pytest.raises(zstore.ZstoreError, match=r"part0.h5 changed since"):
+        zstore.convert(src, dst, **kw)
+    zstore.convert(src, dst, overwrite=True, **kw)
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False)
+    assert not ds[0]["wav"].numpy()[:, :16000].any()  # the values now in part0.h5

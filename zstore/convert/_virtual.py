@@ -65,7 +65,7 @@ def _where(kind: str, name: str, source: str) -> str | None:
     for place in places:
         path = os.path.join(place, name)
         if os.path.exists(path):
-            return path
+            return os.path.abspath(path)
     return None
 
 
@@ -113,3 +113,21 @@ class OtherFiles:
                 except OSError:
                     continue
         return out
+
+
+def read_by_datasets(items: list[Any], sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries for a conversion's fingerprint (:func:`zstore.convert._corpus.fingerprint`)
+    of the other files ``items`` read (:attr:`SourceItem.depends`), as the sources'
+    entries are: a rerun after one of them changed is a conversion of other values (a
+    finished store is not taken as done, an unfinished one not resumed with both
+    versions in it). Nothing where no dataset reads another file: such stores keep their
+    fingerprint."""
+    named = {entry.get("source") for entry in sources}
+    found: dict[str, tuple[int, int, int]] = {}
+    for it in items:
+        found.update(it.depends)
+    return [
+        {"source": path, "size": size, "mtime_ns": mtime}
+        for path, (size, mtime, _) in sorted(found.items())
+        if path not in named
+    ]

@@ -32,6 +32,7 @@ from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._subgroups import check_subgroups
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
+from zstore.convert._virtual import read_by_datasets
 from zstore.errors import DestinationError
 from zstore.format import (
     MANIFEST_ATTR,
@@ -278,6 +279,7 @@ def convert(
             options["pack_seconds"] = float(pack_seconds)
         if sources is None:
             sources = corpus_fingerprint(files, {})["sources"]
+        sources = sources + read_by_datasets(source.items, sources)
         fingerprint = {"sources": sources, "options": options}
         client = stack.enter_context(cluster_client(dask))  # before the destination is touched
         job = Job(

@@ -1018,13 +1018,13 @@ def _virtual_corpus(where: Path) -> tuple[str, str]:
     second each, end to end) and whose ``rec_001/wav`` keeps its bytes in an external
     file beside it, as HDF5 tools write them (names relative to the file)."""
     rng = np.random.default_rng(3)
-    for k in range(2):
+    for k in range(2):  # each a recording file of its own too
         with h5py.File(where / f"part{k}.h5", "w") as f:
-            f["wav"] = (rng.integers(-3000, 3000, (2, 16000)) / 32768).astype(np.float32)
+            f[f"seg{k}/wav"] = (rng.integers(-3000, 3000, (2, 16000)) / 32768).astype(np.float32)
     layout = h5py.VirtualLayout(shape=(2, 32000), dtype=np.float32)
     for k in range(2):
         layout[:, k * 16000 : (k + 1) * 16000] = h5py.VirtualSource(
-            f"part{k}.h5", "wav", shape=(2, 16000)
+            f"part{k}.h5", f"seg{k}/wav", shape=(2, 16000)
         )
     (rng.standard_normal((2, 24000)).astype(np.float32) * 0.1).tofile(where / "raw.bin")
     src = where / "v.h5"
@@ -1087,7 +1087,7 @@ def test_a_file_a_dataset_reads_changed_while_converted_is_not_published(
                 f.write(b"\0" * 64)
         else:
             with h5py.File(tmp_path / changed, "r+") as f:
-                f["wav"][...] = 0
+                f["seg0/wav"][...] = 0
         return out
 
     monkeypatch.setattr(module, "write_all", write_all)
@@ -1108,9 +1108,64 @@ def test_a_rerun_after_a_virtual_datasets_source_changed_is_another_conversion(
     zstore.convert(src, dst, **kw)
     zstore.convert(src, dst, **kw)  # the same sources: nothing to do
     with h5py.File(tmp_path / "part0.h5", "r+") as f:
-        f["wav"][...] = 0
+        f["seg0/wav"][...] = 0
     with pytest.raises(zstore.ZstoreError, match=r"part0.h5 changed since"):
         zstore.convert(src, dst, **kw)
     zstore.convert(src, dst, overwrite=True, **kw)
     ds = zstore.WindowDataset(dst, window_seconds=None, cache=False)
     assert not ds[0]["wav"].numpy()[:, :16000].any()  # the values now in part0.h5
+
+
+def _base_and_virtual(where: Path) -> tuple[str, str]:
+    """:func:`_virtual_corpus`'s file, and a store of another file's item to append it to."""
+    src, dst = _virtual_corpus(where)
+    wav = np.zeros((2, 32000), np.float32)
+    other = write_h5(where / "o.h5", {"base": {"wav": wav, "act": np.zeros((2, 320), np.float32)}})
+    zstore.convert(other, dst, rates={"wav": 16000}, workers=1, progress=False)
+    return src, dst
+
+
+def test_appends_of_a_file_with_virtual_datasets_and_of_their_source_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    src, dst = _base_and_virtual(tmp_path)
+    zstore.append(src, dst, workers=1, progress=False)
+    again = zstore.append(src, dst, workers=1, progress=False)
+    assert again.converted == 0 and again.already_in_store == [src]
+    # a source file of its virtual dataset is no source of the store's items: appended,
+    # its own recording is added (also to a store converted from the file, whose
+    # fingerprint names it)
+    added = zstore.append(str(tmp_path / "part1.h5"), dst, workers=1, progress=False)
+    assert added.converted == 1
+    made = str(tmp_path / "made.zarr")
+    zstore.convert(src, made, rates={"wav": 16000}, workers=1, progress=False)
+    added = zstore.append(str(tmp_path / "part1.h5"), made, workers=1, progress=False)
+    assert added.converted == 1
+    with h5py.File(tmp_path / "part0.h5", "r+") as f:
+        f["seg0/wav"][...] = 0
+    with pytest.raises(zstore.SourceError, match=r"part0.h5, which its datasets read, has"):
+        zstore.append(src, dst, workers=1, progress=False)
+
+
+def test_a_killed_append_rerun_after_a_virtual_source_changed_writes_the_new_values(
+    tmp_path, monkeypatch
+):
+    import importlib
+
+    append_module = importlib.import_module("zstore.convert.append")
+    monkeypatch.chdir(tmp_path)
+    src, dst = _base_and_virtual(tmp_path)
+
+    def killed(*args, **kwargs):  # the items are written and marked; then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(append_module, "publish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        zstore.append(src, dst, workers=1, progress=False)
+    monkeypatch.setattr(append_module, "publish", importlib.import_module("zstore.format").publish)
+    with h5py.File(tmp_path / "part0.h5", "r+") as f:
+        f["seg0/wav"][...] = 0.5
+    report = zstore.append(src, dst, workers=1, progress=False)
+    assert report.converted == 2  # the killed run's items are of another version
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False)
+    got = {ds[i]["item"]: ds[i]["wav"].numpy() for i in range(len(ds))}
+    assert (got["rec_000"][:, :16000] == 0.5).all()

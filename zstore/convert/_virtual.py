@@ -118,16 +118,50 @@ class OtherFiles:
 def read_by_datasets(items: list[Any], sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Entries for a conversion's fingerprint (:func:`zstore.convert._corpus.fingerprint`)
     of the other files ``items`` read (:attr:`SourceItem.depends`), as the sources'
-    entries are: a rerun after one of them changed is a conversion of other values (a
-    finished store is not taken as done, an unfinished one not resumed with both
-    versions in it). Nothing where no dataset reads another file: such stores keep their
+    entries are, marked ``read_by_datasets`` (they are no source of items of their
+    own): a rerun after one of them changed is a conversion of other values (a finished
+    store is not taken as done, an unfinished one not resumed with both versions in
+    it). Nothing where no dataset reads another file: such stores keep their
     fingerprint."""
     named = {entry.get("source") for entry in sources}
     found: dict[str, tuple[int, int, int]] = {}
     for it in items:
         found.update(it.depends)
     return [
-        {"source": path, "size": size, "mtime_ns": mtime}
+        {"source": path, "size": size, "mtime_ns": mtime, READ_BY: True}
         for path, (size, mtime, _) in sorted(found.items())
         if path not in named
     ]
+
+
+#: the key that marks a fingerprint's entry of a file read by datasets (not a source)
+READ_BY = "read_by_datasets"
+
+
+def reads_of(items: list[Any], source: str) -> list[dict[str, Any]]:
+    """The other files the items of ``source`` read, with their versions (size,
+    modification time, inode), for an appended file's recorded version: its completion
+    marks change when one of them changes, and a rerun compares them
+    (:func:`changed_reads`)."""
+    found: dict[str, tuple[int, int, int]] = {}
+    for it in items:
+        if it.source == source:
+            found.update(it.depends)
+    return [
+        {"source": path, "size": size, "mtime_ns": mtime, "inode": inode}
+        for path, (size, mtime, inode) in sorted(found.items())
+    ]
+
+
+def changed_reads(recorded: dict[str, Any]) -> str | None:
+    """The first file of a recorded version's ``reads`` (:func:`reads_of`) that is no
+    longer the one recorded (changed or gone), else None."""
+    for entry in recorded.get("reads") or []:
+        path = str(entry.get("source", ""))
+        try:
+            now = identity_of(path)
+        except OSError:
+            return path
+        if now != (entry.get("size"), entry.get("mtime_ns"), entry.get("inode")):
+            return path
+    return None

@@ -38,6 +38,7 @@ from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._storelock import store_lock
 from zstore.convert._tasks import cluster_client
 from zstore.convert._values import value_lines, warn_nonfinite, with_tally
+from zstore.convert._virtual import READ_BY, changed_reads, reads_of
 from zstore.convert.pipeline import plain, with_dtypes
 from zstore.errors import SourceError, StoreFormatError, some_names
 from zstore.format import (
@@ -141,6 +142,10 @@ def append(
                 store_id=manifest.store_id,
                 already_in_store=seen,
             )
+        for f in files:  # the files its virtual datasets read: part of its version
+            reads = reads_of(source.items, f)
+            if reads:
+                identities[f] = {**identities[f], "reads": reads}
         marks = tuple((f, identity_mark(identities[f])) for f in files)
         packs = plan_packs(
             source.items,
@@ -303,7 +308,7 @@ def _already_in_store(
         *manifest.extra.get("fingerprint", {}).get("sources", []),
         *manifest.extra.get("appended", []),
     ]:
-        if isinstance(entry, dict) and "source" in entry:
+        if isinstance(entry, dict) and "source" in entry and not entry.get(READ_BY):
             recorded[str(entry["source"])] = entry
     names = set(map(str, manifest.extra.get("sources", [])))
     by_size: dict[Any, list[str]] = {}  # local files the store records, by their size
@@ -323,18 +328,26 @@ def _already_in_store(
                 "its items are not added again",
                 stacklevel=3,
             )
-        was, now = recorded.get(name), identities[f]
-        if was is not None and any(
-            now.get(k) != v for k, v in was.items() if k in now and k != "source"
-        ):
+        was = recorded.get(name)
+        what = _changed_since(was, identities[f]) if was is not None else None
+        if what is not None:
             raise SourceError(
-                f"{f}: this file's items were added to {dst} before, and the file has "
-                "changed since (size or version); nothing was written. To replace those "
-                "items, convert the store again (--overwrite); to add the file as new "
-                "items, give it another name"
+                f"{f}: this file's items were added to {dst} before, and {what}; nothing "
+                "was written. To replace those items, convert the store again "
+                "(--overwrite); to add the file as new items, give it another name"
             )
         seen.append(f)
     return seen
+
+
+def _changed_since(was: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """How a file the store recorded as ``was`` has changed, ``now`` its version (before
+    its scan): the file itself, or a file its virtual datasets or external storage read
+    (recorded as ``reads``); None where neither has."""
+    if any(now.get(k) != v for k, v in was.items() if k in now and k != "source"):
+        return "the file has changed since (size or version)"
+    read = changed_reads(was)
+    return f"{read}, which its datasets read, has changed since" if read is not None else None
 
 
 def _linked_from(f: str, candidates: list[str]) -> str | None:

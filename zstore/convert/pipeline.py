@@ -32,7 +32,7 @@ from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
 from zstore.convert._subgroups import check_subgroups
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
-from zstore.convert._virtual import read_by_datasets
+from zstore.convert._virtual import READ_BY, read_by_datasets
 from zstore.errors import DestinationError
 from zstore.format import (
     MANIFEST_ATTR,
@@ -398,7 +398,7 @@ def _manifest(
             "pack_seconds": packs.seconds,
             "fingerprint": fingerprint,
             "store_bytes": nbytes,
-            "sources": [s["source"] for s in fingerprint["sources"]],
+            "sources": [s["source"] for s in fingerprint["sources"] if not s.get(READ_BY)],
             **({"skipped": list(source.skipped)} if source.skipped else {}),
         },
     )

@@ -230,11 +230,15 @@ def _depending(
     (:attr:`SourceItem.depends`)."""
     if files is None:
         return items
-    for it in items:
-        below = it.group + "/"
-        for full, files_of in others.items():
-            if full == it.group or full.startswith(below):
+    by_group = {it.group: it for it in items}
+    for full, files_of in others.items():
+        # the item is the dataset itself (--dataset-items) or a group above it
+        parts = full.split("/")
+        for depth in range(len(parts), 0, -1):
+            it = by_group.get("/".join(parts[:depth]))
+            if it is not None:
                 it.depends.update(files.identities(files_of))
+                break
     return items
 
 

@@ -76,6 +76,7 @@ class OtherFiles:
     def __init__(self, source: str):
         self.source = source
         self._held: dict[tuple[str, str], bool] = {}  # (path, dataset): present
+        self._found: dict[tuple[str, str], tuple[str, tuple[int, int, int]] | None] = {}
 
     def missing(self, others: Others) -> str | None:
         """Why a dataset reading ``others`` would read fill values for data it lacks
@@ -101,17 +102,23 @@ class OtherFiles:
         return self._held[key]
 
     def identities(self, others: Others) -> dict[str, tuple[int, int, int]]:
-        """(size, mtime_ns, inode) of each file of ``others`` that is there."""
+        """(size, mtime_ns, inode) of each file of ``others`` that is there (each file
+        looked up once: many datasets may read one file)."""
         out: dict[str, tuple[int, int, int]] = {}
         for kind, name, _ in others:
             if "%" in name:
                 continue
-            path = _where(kind, name, self.source)
-            if path is not None and path not in out:
+            if (kind, name) not in self._found:
+                path = _where(kind, name, self.source)
                 try:
-                    out[path] = identity_of(path)
+                    self._found[(kind, name)] = (
+                        (path, identity_of(path)) if path is not None else None
+                    )
                 except OSError:
-                    continue
+                    self._found[(kind, name)] = None
+            found = self._found[(kind, name)]
+            if found is not None:
+                out[found[0]] = found[1]
         return out
 
 

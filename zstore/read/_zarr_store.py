@@ -10,7 +10,6 @@ same keys, so both paths share cached bytes.
 from __future__ import annotations
 
 import asyncio
-import os
 import warnings
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -28,7 +27,7 @@ from zstore.cache import CacheConfig, TieredCache, as_cache_config
 from zstore.format import MANIFEST_ATTR, read_manifest, read_root
 from zstore.origin import Origin
 from zstore.read._replaced import ROOT, StoreCheck
-from zstore.urls import is_url, local_path, zarr_store
+from zstore.urls import is_url, zarr_store
 
 _READ_ONLY = "store was opened in read-only mode and does not support writing"
 
@@ -92,9 +91,9 @@ class CachedStore(Store):
         self._origin = zarr_store(self.url, self.storage_options, read_only=True)
         #: the store this was opened on (its id), checked beside every origin round
         self._check = StoreCheck(self.url, store_id) if check_root and store_id else None
-        #: a local store's root file (read directly: zarr's local reads go through a
-        #: thread, ~0.3 ms each)
-        self._local_root = None if is_url(self.url) else os.path.join(local_path(self.url), ROOT)
+        #: a local store's root is read by zstore's origin (a direct read; zarr's local
+        #: reads go through a thread, ~0.3 ms each)
+        self._local_origin = None if is_url(self.url) else Origin(self.url, self.storage_options)
         self.tiers = (
             TieredCache(cache.resolved().for_store(self.url), store_id)
             if cache is not None
@@ -151,26 +150,20 @@ class CachedStore(Store):
         reads: list[Any] = [
             self._origin.get(key, prototype, byte_range) for key, byte_range in wanted
         ]
-        remote_check = check is not None and self._local_root is None
+        remote_check = check is not None and self._local_origin is None
         if remote_check:
             reads.append(self._origin.get(ROOT, prototype))
         bufs: list[Buffer | None] = list(await asyncio.gather(*reads))
-        if check is not None:
-            root = bufs.pop() if remote_check else self._read_local_root()
-            check.verify(root.to_bytes() if isinstance(root, Buffer) else root)
+        if check is not None and self._local_origin is not None:
+            check.now(self._local_origin)
+        elif check is not None:
+            root = bufs.pop()
+            check.verify(root.to_bytes() if root is not None else None)
         if self.tiers is not None:
             got = [buf for buf in bufs if buf is not None]
             self.tiers.stats.add("origin_requests", len(got))
             self.tiers.stats.add("origin_bytes", sum(len(buf) for buf in got))
         return bufs
-
-    def _read_local_root(self) -> bytes | None:
-        assert self._local_root is not None
-        try:
-            with open(self._local_root, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None

@@ -76,7 +76,19 @@ class OtherFiles:
     def __init__(self, source: str):
         self.source = source
         self._held: dict[tuple[str, str], bool] = {}  # (path, dataset): present
+        #: (kind, name) -> the path and identity of the file there, or None (absent)
         self._found: dict[tuple[str, str], tuple[str, tuple[int, int, int]] | None] = {}
+
+    def _file(self, kind: str, name: str) -> tuple[str, tuple[int, int, int]] | None:
+        """Where ``name`` is and its (size, mtime_ns, inode), looked up once (many
+        datasets may read one file); None where it is not there."""
+        if (kind, name) not in self._found:
+            path = _where(kind, name, self.source)
+            try:
+                self._found[(kind, name)] = (path, identity_of(path)) if path else None
+            except OSError:
+                self._found[(kind, name)] = None
+        return self._found[(kind, name)]
 
     def missing(self, others: Others) -> str | None:
         """Why a dataset reading ``others`` would read fill values for data it lacks
@@ -84,10 +96,10 @@ class OtherFiles:
         for kind, name, dataset in others:
             if kind != "virtual" or "%" in name:
                 continue
-            path = _where(kind, name, self.source)
-            if path is None:
+            found = self._file(kind, name)
+            if found is None:
                 return f"source file {name} is missing"
-            if not self._has(path, dataset):
+            if not self._has(found[0], dataset):
                 return f"source {name} has no dataset {dataset}"
         return None
 
@@ -102,24 +114,23 @@ class OtherFiles:
         return self._held[key]
 
     def identities(self, others: Others) -> dict[str, tuple[int, int, int]]:
-        """(size, mtime_ns, inode) of each file of ``others`` that is there (each file
-        looked up once: many datasets may read one file)."""
+        """(size, mtime_ns, inode) of each file of ``others`` that is there."""
         out: dict[str, tuple[int, int, int]] = {}
         for kind, name, _ in others:
-            if "%" in name:
-                continue
-            if (kind, name) not in self._found:
-                path = _where(kind, name, self.source)
-                try:
-                    self._found[(kind, name)] = (
-                        (path, identity_of(path)) if path is not None else None
-                    )
-                except OSError:
-                    self._found[(kind, name)] = None
-            found = self._found[(kind, name)]
+            found = self._file(kind, name) if "%" not in name else None
             if found is not None:
                 out[found[0]] = found[1]
         return out
+
+
+def _depends(items: list[Any], source: str | None = None) -> dict[str, tuple[int, int, int]]:
+    """The other files ``items`` (those of ``source``, where given) read, with their
+    identities (:attr:`SourceItem.depends`)."""
+    found: dict[str, tuple[int, int, int]] = {}
+    for it in items:
+        if source is None or it.source == source:
+            found.update(it.depends)
+    return found
 
 
 def read_by_datasets(items: list[Any], sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -131,12 +142,9 @@ def read_by_datasets(items: list[Any], sources: list[dict[str, Any]]) -> list[di
     it). Nothing where no dataset reads another file: such stores keep their
     fingerprint."""
     named = {entry.get("source") for entry in sources}
-    found: dict[str, tuple[int, int, int]] = {}
-    for it in items:
-        found.update(it.depends)
     return [
         {"source": path, "size": size, "mtime_ns": mtime, READ_BY: True}
-        for path, (size, mtime, _) in sorted(found.items())
+        for path, (size, mtime, _) in sorted(_depends(items).items())
         if path not in named
     ]
 
@@ -150,13 +158,9 @@ def reads_of(items: list[Any], source: str) -> list[dict[str, Any]]:
     modification time, inode), for an appended file's recorded version: its completion
     marks change when one of them changes, and a rerun compares them
     (:func:`changed_reads`)."""
-    found: dict[str, tuple[int, int, int]] = {}
-    for it in items:
-        if it.source == source:
-            found.update(it.depends)
     return [
         {"source": path, "size": size, "mtime_ns": mtime, "inode": inode}
-        for path, (size, mtime, inode) in sorted(found.items())
+        for path, (size, mtime, inode) in sorted(_depends(items, source).items())
     ]
 
 

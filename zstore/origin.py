@@ -163,9 +163,8 @@ class Origin:
         )
 
     def _open(self) -> None:
-        if self._pid == os.getpid():
+        if self._pid == os.getpid():  # nothing opened before a fork is reused after it
             return
-        self._pid = os.getpid()  # nothing opened before a fork is reused after it
         self._pool: cf.ThreadPoolExecutor | None = None
         self._slabs = Slabs()  # reused memory for ranges of local files (zstore.buffers)
         if self._fs_given is not None:
@@ -180,6 +179,11 @@ class Origin:
         network, local_disk = local_fs_kind(self._root) if self._fs is None else (False, False)
         self._concurrent = self._fs is not None or network
         self._local_disk = local_disk
+        # set last: a thread that sees this process's pid uses every attribute above.  Set
+        # first, a second thread's first call (WindowLoader's batch thread beside a fill)
+        # found it halfway and failed on a missing attribute.  Two threads that open it at
+        # once each make the same things; the last one's stay, the other's are let go.
+        self._pid = os.getpid()
 
     @property
     def remote(self) -> bool:

@@ -5,6 +5,7 @@ partly from resident decoded shards and partly from chunks are bit-identical."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -386,3 +387,68 @@ def test_auto_format_choice_for_a_store_read_by_ranges(tmp_path, ram, ssd, expec
     reads fill; the compressed form's choice is the same."""
     choice = choose(resolved(tmp_path, ram, ssd), 300 * GB, 155 * GB, whole_shards=False)
     assert choice.format == expected
+
+
+def _inside_first_open(monkeypatch, module, name: str, other) -> list[threading.Thread]:
+    """Run ``other`` in a thread of its own, to its end, from inside the first call of
+    ``module.name`` (a step of an object's first open in this process): a second
+    thread's first call arriving while the first thread is halfway, in a fixed order."""
+    real = getattr(module, name)
+    started: list[threading.Thread] = []
+
+    def halfway(*args, **kwargs):
+        if not started:
+            started.append(threading.Thread(target=other))
+            started[0].start()
+            started[0].join(timeout=120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, halfway)
+    return started
+
+
+def test_a_thread_never_sees_the_sketch_half_opened(tmp_path, monkeypatch):
+    """A second thread's first touch while the first is opening the node's sketch is
+    counted (it was dropped: the sketch looked unusable, or had counts and no width)."""
+    import zstore.cache._admission as admission
+
+    sketch = FrequencySketch(str(tmp_path), sketch_width(1 << 20))
+    started = _inside_first_open(monkeypatch, admission, "sketch_bytes", lambda: sketch.touch("k"))
+    sketch.touch("k")
+    assert started and not started[0].is_alive()
+    assert sketch.estimate("k") >= 2
+    assert os.listdir(tmp_path) == ["frequency.bin"]  # no file left behind
+
+
+def test_a_sketch_made_by_another_process_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two processes making the node's sketch at once: the one made second does not
+    replace the first (whose process would count into a file no one else reads)."""
+    import zstore.cache._admission as admission
+
+    first = FrequencySketch(str(tmp_path), sketch_width(1 << 20))
+    second = FrequencySketch(str(tmp_path), sketch_width(1 << 20))  # as another process
+    real = admission.fix_file
+    fired: list[str] = []
+
+    def meanwhile(path: str) -> None:  # the second's file is made; the first's lands now
+        if not fired:
+            fired.append(path)
+            first.touch("k")
+        real(path)
+
+    monkeypatch.setattr(admission, "fix_file", meanwhile)
+    second.touch("k")
+    first.touch("k")
+    assert first.estimate("k") >= 2 and second.estimate("k") >= 2
+    assert os.listdir(tmp_path) == ["frequency.bin"]
+
+
+def test_a_thread_never_sees_the_eviction_log_half_opened(tmp_path, monkeypatch):
+    """A second thread's eviction recorded while the first is opening the node's log is
+    kept (it went unrecorded, and other processes kept the evicted file mapped)."""
+    import zstore.cache._evictions as evictions
+
+    log = evictions.EvictionLog(str(tmp_path))
+    _inside_first_open(monkeypatch, evictions, "make_dir", lambda: log.record([7]))
+    log.record([8])
+    assert log.since(0) == (2, [7, 8])

@@ -680,3 +680,31 @@ def test_counts_from_threads_that_count_first_at_once_are_all_kept(tmp_path, mon
     counts = stats._counts
     assert counts[_INDEX["ram_hits"]] == 5 and counts[_INDEX["ram_fills"]] == 3
     assert type(counts).__name__ == "memmap"  # the file every process's stats read
+
+
+def test_a_thread_never_sees_a_tier_half_opened(tmp_path, monkeypatch):
+    """A process's first use of a tier from two threads at once: the second one, arriving
+    while the first is still opening the tier's index, gets the tier (it got None, as
+    for a tier refused, and its read went past the tier and wrote nothing).  The second
+    thread runs inside the first one's open, so the order is fixed."""
+    import zstore.cache.tier as tier_module
+
+    real = tier_module.network_fs_type
+    tier = Tier("ram", str(tmp_path / "t"), 2**24, Stats(None))
+    started: list[threading.Thread] = []
+    seen: list[object] = []
+
+    def other_thread() -> None:
+        seen.append(tier.put("b", b"from the other thread"))
+
+    def opening(path: str) -> str | None:
+        if not started:  # the first thread, halfway through its open
+            started.append(threading.Thread(target=other_thread))
+            started[0].start()
+            started[0].join(timeout=120)
+        return real(path)
+
+    monkeypatch.setattr(tier_module, "network_fs_type", opening)
+    assert tier.put("a", b"hello")
+    assert seen == [True]
+    assert tier.get("a") == b"hello" and tier.get("b") == b"from the other thread"

@@ -4,6 +4,7 @@ once nothing refers to it, and windows read through it equal the source."""
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import zarr
@@ -137,3 +138,36 @@ def test_ssd_tier_hits_by_ranges_land_in_reused_memory(small_store, monkeypatch,
         for out in got[3 * i : 3 * i + 3]:
             np.testing.assert_array_equal(out["act"], root[f"{item}/act"][:, :200])
             np.testing.assert_array_equal(out["wav"], root[f"{item}/wav"][:, :32000])
+
+
+def test_a_thread_never_sees_an_origin_half_opened(small_store, monkeypatch):
+    """A process's first use of an origin from two threads at once (WindowLoader's batch
+    thread and a fill thread): the second one, arriving while the first is still
+    opening it, gets a whole origin (it raised AttributeError: '_local_disk', failing the
+    batch).  The second thread runs inside the first one's open, so the order is fixed."""
+    import zstore.origin as origin_module
+
+    real = origin_module.local_fs_kind
+    origin = Origin(small_store)
+    seen: list[object] = []
+
+    def other_thread() -> None:
+        try:
+            seen.append((origin.local_disk, origin.remote))
+        except Exception as e:  # the half-opened origin's
+            seen.append(e)
+
+    started: list[threading.Thread] = []
+
+    def opening(path: str) -> tuple[bool, bool]:
+        if not started:  # the first thread, halfway through its open
+            t = threading.Thread(target=other_thread)
+            started.append(t)
+            t.start()
+            t.join(timeout=120)
+        return real(path)
+
+    monkeypatch.setattr(origin_module, "local_fs_kind", opening)
+    assert origin.local_disk == real(small_store)[1]
+    assert seen == [(real(small_store)[1], real(small_store)[0])]
+    assert origin.read("zarr.json") == open(f"{small_store}/zarr.json", "rb").read()

@@ -19,11 +19,12 @@ import functools
 import hashlib
 import mmap
 import os
+import threading
 from typing import Any
 
 import numpy as np
 
-from zstore.cache.files import fix_file
+from zstore.cache.files import fix_file, publish_new
 
 ROWS = 4
 HEADER = 16  # uint64 accesses since the last halving, uint64 period
@@ -77,15 +78,33 @@ class FrequencySketch:
     def _open(self) -> bool:
         if self._pid == os.getpid():
             return self._counts is not None
-        self._pid, self._counts = os.getpid(), None
+        mapped = self._mapped()
+        if mapped is None:
+            self._counts = None
+        else:
+            self._map, self._fd, self._width = mapped
+            # memoryviews, not numpy: a touch is on the hot path (a few us, not tens)
+            self._head = memoryview(self._map)[:HEADER].cast("Q")
+            self._known.clear()
+            self._counts = memoryview(self._map)[HEADER:].cast("H")
+        # set last: a thread that sees this process's pid uses the map, the width and
+        # the counts above.  Set first, a second thread's first touch, while the first was
+        # still opening the file, was not counted, or found the counts with no width yet.
+        self._pid = os.getpid()
+        return mapped is not None
+
+    def _mapped(self) -> tuple[mmap.mmap, int, int] | None:
+        """(map, descriptor, width) of the node's sketch, made now if there is none
+        yet; None where it cannot be used."""
         try:
             if not os.path.exists(self.path):
-                tmp = f"{self.path}.{os.getpid()}.tmp"
+                # a name of this thread's own: two threads of a process may make it at once
+                tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
                 try:  # every block allocated now: a sparse file written through a map
                     with open(tmp, "wb") as f:  # dies of SIGBUS when the tmpfs fills up
                         os.posix_fallocate(f.fileno(), 0, sketch_bytes(self.width))
                     fix_file(tmp)
-                    os.replace(tmp, self.path)
+                    publish_new(tmp, self.path)
                 except OSError:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
@@ -100,17 +119,10 @@ class FrequencySketch:
                 width = 0
             if width < 1 or size != sketch_bytes(width):
                 os.close(fd)
-                return False
-            self._map = mmap.mmap(fd, size)
-            self._fd = fd
+                return None
+            return mmap.mmap(fd, size), fd, width
         except OSError:
-            return False
-        # memoryviews, not numpy: a touch is on the hot path (a few us, not tens)
-        self._head = memoryview(self._map)[:HEADER].cast("Q")
-        self._counts = memoryview(self._map)[HEADER:].cast("H")
-        self._width = width
-        self._known.clear()
-        return True
+            return None
 
     def _slots(self, key: str | bytes) -> tuple[int, ...]:
         found = self._known.get(key)  # a RAM hit touches its key: skip encoding it

@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from collections.abc import Iterator
 
 import numpy as np
 
-from zstore.cache.files import fix_file
+from zstore.cache.files import fix_file, publish_new
 from zstore.cache.ownership import make_dir
 
 SLOTS = 4096
@@ -35,20 +36,29 @@ class EvictionLog:
     def _open(self) -> np.ndarray | None:
         if self._pid == os.getpid():
             return self._ring
-        self._pid, self._ring, self._head = os.getpid(), None, None
+        ring = self._mapped()
+        self._ring = ring
+        self._head = memoryview(ring)[:1] if ring is not None else None  # type: ignore[arg-type]
+        # set last: a thread that sees this process's pid records into the ring above.
+        # Set first, a second thread's eviction, while the first was still opening it,
+        # went unrecorded (other processes kept the evicted files mapped).
+        self._pid = os.getpid()
+        return ring
+
+    def _mapped(self) -> np.ndarray | None:
+        """The node's ring, made now if there is none yet; None where it cannot be."""
         try:
             if make_dir(os.path.dirname(self.path)) is not None:
                 return None
             if not os.path.exists(self.path):
-                tmp = f"{self.path}.{os.getpid()}.tmp"
+                # a name of this thread's own: two threads of a process may make it at once
+                tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
                 np.zeros(SLOTS + 1, dtype=np.int64).tofile(tmp)
                 fix_file(tmp)
-                os.replace(tmp, self.path) if not os.path.exists(self.path) else os.unlink(tmp)
-            self._ring = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(SLOTS + 1,))
+                publish_new(tmp, self.path)
+            return np.memmap(self.path, dtype=np.int64, mode="r+", shape=(SLOTS + 1,))
         except (OSError, ValueError):
-            self._ring = None  # without the log, evicted maps go when the map LRU drops them
-        self._head = memoryview(self._ring)[:1] if self._ring is not None else None  # type: ignore[arg-type]
-        return self._ring
+            return None  # without the log, evicted maps go when the map LRU drops them
 
     def head(self) -> int:
         """The ring's head (every RAM hit checks it: read through a memoryview, ~0.1 us,

@@ -4,6 +4,7 @@ or ``0660`` where the directory is shared with a group; see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -46,3 +47,19 @@ def write_json(path: str, data: object) -> bool:
         return True
     except OSError:
         return False
+
+
+def publish_new(tmp: str, path: str) -> None:
+    """Put the finished file ``tmp`` at ``path`` unless another process put one there
+    first (theirs stays: processes that opened it already use it; a rename would replace
+    it, leaving them with a file no one else reads), and remove ``tmp``."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links: a rename, unless one is there now
+        if not os.path.exists(path):
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

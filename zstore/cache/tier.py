@@ -98,9 +98,20 @@ class Tier(TierReads, TierWrites):
     def _open(self) -> diskcache.Cache | None:
         if self._pid == os.getpid():
             return self._cache
-        self._pid, self._cache, self._warned = os.getpid(), None, set()
+        self._warned = set()
         if self.own is not None:  # a forked child trusts what it writes, not its parent
             self.own = OwnWrites()
+        self._cache = self._made()
+        # set last: a thread that sees this process's pid takes the cache above.  Set
+        # first, a second thread's first call, while the first was still opening the
+        # index, got None (as for a refused tier) and its read went past the tier.  Two
+        # threads that open it at once each open the index; the last one's stays.
+        self._pid = os.getpid()
+        return self._cache
+
+    def _made(self) -> diskcache.Cache | None:
+        """The tier's index opened for this process (its sweep done when due), or None
+        with a warning where the tier cannot be used."""
         fstype = network_fs_type(self.directory)
         if fstype:
             self._warn(
@@ -114,7 +125,7 @@ class Tier(TierReads, TierWrites):
             self._warn("refused", unsafe)
             return None
         try:
-            self._cache = diskcache.Cache(
+            cache = diskcache.Cache(
                 self.directory,
                 disk=TierDisk,
                 size_limit=2**62,
@@ -128,19 +139,18 @@ class Tier(TierReads, TierWrites):
             )
         except Exception as e:  # read-only, missing or full directory: run without the tier
             self._warn("cannot be opened", e)
-            self._cache = None
             return None
         # the SSD tier's large values go around the page cache (zstore.cache._direct)
-        self._cache.disk.direct = self.name == "ssd"
+        cache.disk.direct = self.name == "ssd"
         for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
             fix_file(os.path.join(self.directory, name))
         if self.record:
             upkeep.record_budget(self.directory, self.budget)
         try:
-            upkeep.sweep_if_due(self._cache, self.directory)
+            upkeep.sweep_if_due(cache, self.directory)
         except Exception as e:
             self._warn("sweeping leftover files failed", e)
-        return self._cache
+        return cache
 
     def recorded_budget(self) -> int | None:
         """The budget the processes using this tier last ran with (None: not known)."""

@@ -1,0 +1,37 @@
+"""A few seeds of tools/random_corpora.py: random HDF5 corpora (layouts, dtypes, byte
+orders, HDF5 filters, never-written regions, short and long recordings) converted with
+random chunking and packing, read with random cache settings through every read path
+(one process, a modelled remote origin, several processes at once through one node
+cache), and converted in parts with appends: every value equals h5py's.  Runs of
+hundreds of seeds are the tool's job; these keep its paths working and catch what a
+change breaks on data shaped unlike the synthetic corpus."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import PYTHON, REPO, subprocess_env
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["reads", "--seeds", "0:12"],
+        ["reads", "--seeds", "100:110", "--remote"],
+        ["appends", "--seeds", "0:6"],
+        ["ranks", "--seeds", "0:2"],
+    ],
+    ids=["reads", "remote", "appends", "ranks"],
+)
+def test_random_corpora_read_back_as_h5py_reads_them(args, tmp_path):
+    out = subprocess.run(
+        [PYTHON, str(REPO / "tools" / "random_corpora.py"), *args, "--work", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=subprocess_env(),
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    first, stop = (int(x) for x in args[2].split(":"))
+    assert f"{stop - first} of {stop - first} seeds passed" in out.stdout

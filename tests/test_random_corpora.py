@@ -2,7 +2,8 @@
 orders, HDF5 filters, never-written regions, short and long recordings) converted with
 random chunking and packing, read with random cache settings through every read path
 (one process, a modelled remote origin, several processes at once through one node
-cache), and converted in parts with appends: every value equals h5py's.  Runs of
+cache), converted in parts with appends, and converted or appended with a kill -9 at a
+random moment and run again: every value equals h5py's.  Runs of
 hundreds of seeds are the tool's job; these keep its paths working and catch what a
 change breaks on data shaped unlike the synthetic corpus."""
 
@@ -21,8 +22,9 @@ from conftest import PYTHON, REPO, subprocess_env
         ["reads", "--seeds", "100:110", "--remote"],
         ["appends", "--seeds", "0:6"],
         ["ranks", "--seeds", "0:2"],
+        ["kills", "--seeds", "61:65"],
     ],
-    ids=["reads", "remote", "appends", "ranks"],
+    ids=["reads", "remote", "appends", "ranks", "kills"],
 )
 def test_random_corpora_read_back_as_h5py_reads_them(args, tmp_path):
     out = subprocess.run(

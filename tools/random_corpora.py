@@ -4,6 +4,7 @@
     python tools/random_corpora.py reads --seeds 0:400 --remote   # a modelled origin too
     python tools/random_corpora.py ranks --seeds 0:60             # processes at once
     python tools/random_corpora.py appends --seeds 0:150          # converted in parts
+    python tools/random_corpora.py kills --seeds 0:200            # kill -9, run again
 
 Each seed writes a small HDF5 file of its own with h5py: 1-6 recordings of 0.05-70 s
 (``wav`` at 16 kHz as channels x samples, samples x channels or mono; int16-valued
@@ -18,9 +19,12 @@ source bit for bit, its padding must be zeros, and no tier may count a corrupt v
 ``ranks`` reads one store from 2-3 processes at once through one node cache
 (``WindowLoader``, a ``DataLoader`` of 2 workers, ``ds[i]``); ``appends`` converts
 2-4 files in parts (patterns, appends, reruns) and checks that every item is in the
-store once with its values.  A failing seed prints its settings and traceback, and
+store once with its values; ``kills`` converts or appends in a process killed with
+SIGKILL (with its workers) at a random moment once it writes, runs it again, and checks
+the same.  A failing seed prints its settings and traceback, and
 the run exits 1.  tests/test_random_corpora.py runs a few seeds of each; runs of
-hundreds found a race in a process's first reads (CHANGELOG).
+hundreds found a race in a process's first reads and a rerun refused after a kill
+(CHANGELOG).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -383,10 +390,93 @@ def appends(seed: int, where: str, remote: bool) -> str:
     return f"{len(want)} items from {len(files)} files, {first} converted, dev only {dev_only}"
 
 
+def _stored_items(store: str) -> Data:
+    """Every item of ``store`` whole, by name (an item twice fails)."""
+    import zstore
+
+    ds = zstore.WindowDataset(store, window_seconds=None, fields=["wav", "act"], cache=False)
+    got: Data = {}
+    for i in range(len(ds)):
+        w = ds[i]
+        assert w["item"] not in got, ("twice", w["item"])
+        got[w["item"]] = {name: w[name].numpy() for name in ("wav", "act")}
+    return got
+
+
+def _files_in(path: str) -> int:
+    return sum(len(names) for _, _, names in os.walk(path))
+
+
+def _killed_run(code: str, store: str, after: float) -> str:
+    """Run ``code`` in a process of its own and kill it (SIGKILL, its process group)
+    ``after`` seconds after it first writes into ``store``; what happened, in words."""
+    before = _files_in(store)
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    while proc.poll() is None and _files_in(store) <= before:  # until it writes
+        time.sleep(0.002)
+    try:
+        proc.wait(timeout=after)
+        return "finished first"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return f"killed {after:.2f} s into its writes ({_files_in(store) - before} files)"
+
+
+def kills(seed: int, where: str, remote: bool) -> str:
+    """A conversion or an append killed (SIGKILL, its process group) at a random moment
+    once it writes (and its rerun, now and then, too), then run again to its end: the
+    store holds every item once, equal to its source."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for k in range(2):
+        path = os.path.join(where, f"f{k}.h5")
+        files.append((path, _recordings(rng, path, f"u{k}_")))
+    store = os.path.join(where, "store.zarr")
+    workers = int(rng.integers(1, 3))
+    append = bool(rng.random() < 0.5)
+    args = (
+        f"zstore.append({files[1][0]!r}, {store!r}, rates={{'wav': 16000, 'act': 100}}, "
+        f"workers={workers}, progress=False)"
+        if append
+        else f"zstore.convert({[p for p, _ in files]!r}, {store!r}, rates={{'wav': 16000, "
+        f"'act': 100}}, workers={workers}, progress=False, pack_seconds=0)"
+    )
+    if append:
+        import zstore
+
+        zstore.convert(
+            files[0][0], store, rates={"wav": 16000, "act": 100}, workers=1, progress=False
+        )
+    code = f"import zstore; {args}"
+    killed = [_killed_run(code, store, float(rng.uniform(0.0, 0.12)))]
+    if rng.random() < 0.3:  # the rerun killed too
+        killed.append(_killed_run(code, store, float(rng.uniform(0.0, 0.12))))
+    # its workers went with it (its process group); the rerun takes the store's lock
+    rerun = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    want = {}
+    for k, (_, data) in enumerate(files):
+        if append and k == 0:
+            want.update(data)
+        elif append:
+            want.update(data)  # one file converted: items named by group
+        else:
+            want.update({f"f{k}/{g}": v for g, v in data.items()})
+    got = _stored_items(store)
+    assert set(got) == set(want), ("items", sorted(set(want) ^ set(got)))
+    for item, arrays in want.items():
+        for name in ("wav", "act"):
+            assert np.array_equal(got[item][name], arrays[name]), (item, name)
+    what = "append" if append else "convert"
+    return f"{what} of {len(want)} items, {workers} worker(s), {'; '.join(killed)}; run again"
+
+
 KINDS: dict[str, Callable[[int, str, bool], str]] = {
     "reads": reads,
     "ranks": ranks,
     "appends": appends,
+    "kills": kills,
 }
 
 
@@ -413,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: FAILED (its files are in {where})", flush=True)
             traceback.print_exc()
     print(f"{args.kind}: {stop - first - failures} of {stop - first} seeds passed", flush=True)
-    if not args.work:
+    if not args.work and not failures:  # a failing seed's files stay for a look
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failures else 0
 

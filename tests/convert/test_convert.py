@@ -2,6 +2,7 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 import warnings
 from pathlib import Path
 
@@ -199,6 +200,56 @@ def test_resume_after_sigkill(tmp_path):
     zstore.convert(src, clean, rates=RATES, workers=1, progress=False)
     m, mc = manifest_of(dst), manifest_of(clean)
     assert same_manifest(m, mc)
+
+
+def test_a_rerun_after_a_kill_during_the_first_root_write_converts(small_h5, tmp_path):
+    """A converter killed while zarr wrote the store's first root leaves only zarr's
+    temporary file (``zarr.<32 hex digits>.partial``; found by tools/random_corpora.py
+    kills): the rerun converts, where it refused the destination as "not empty".  A
+    file of the user's beside it is still refused."""
+    dst = tmp_path / "s.zarr"
+    dst.mkdir()
+    (dst / f"zarr.{uuid.uuid4().hex}.partial").write_bytes(b'{"zarr_format": 3, "no')
+    (dst / "zstore.lock").write_text("")  # the killed converter's lock, as it left it
+    report = zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False)
+    assert report.converted == report.items > 0
+    assert not list(dst.glob("*.partial"))
+    assert_same_as_source(small_h5, dst)
+    mine = tmp_path / "mine.zarr"
+    mine.mkdir()
+    (mine / f"zarr.{uuid.uuid4().hex}.partial").write_bytes(b"")
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(zstore.DestinationError, match="not empty"):
+        zstore.convert(small_h5, mine, rates=RATES, workers=1, progress=False)
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_a_rerun_after_a_kill_right_after_the_first_root_write_converts(
+    small_h5, tmp_path, monkeypatch
+):
+    """The store's first root write already marks it as this conversion's: a converter
+    dying right after it leaves a store its rerun resumes.  The root was first written bare and marked in a second write, and a
+    kill between the two left "a Zarr hierarchy" the rerun refused (found by
+    tools/random_corpora.py kills).  (The failed write stands for the kill: the file is
+    whole on disk when it fails.)"""
+    dst = tmp_path / "s.zarr"
+    real = zarr.storage.LocalStore.set
+    writes: list[str] = []
+
+    async def dies_after_the_first_root(self, key, value):
+        await real(self, key, value)
+        if key == "zarr.json":  # written whole: the converter dies now
+            writes.append(key)
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", dies_after_the_first_root)
+    with pytest.raises(Exception, match="killed"):
+        zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False)
+    monkeypatch.undo()
+    assert writes == ["zarr.json"]
+    report = zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False)
+    assert report.converted == report.items > 0
+    assert_same_as_source(small_h5, dst)
 
 
 def _completed(dst: Path) -> list[str]:

@@ -6,6 +6,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import os
+import re
 import time
 import uuid
 import warnings
@@ -125,19 +126,29 @@ def _prepare_destination(
             "or choose a new destination"
         )
     wipe(dst, storage_options)  # all but the lock this process holds
-    root = zarr.open_group(store, mode="a")
-    root.attrs.put({PROGRESS_ATTR: fingerprint})
+    # made with its progress mark in one write: made bare and marked after, a converter
+    # killed between the two left "a Zarr hierarchy" its rerun refused
+    root = zarr.create_group(store, attributes={PROGRESS_ATTR: fingerprint})
     return root, True
 
 
+#: a file an atomic write left unfinished when its writer was killed: zarr's
+#: (``zarr.<32 hex digits>.partial``) or zstore's (``<name>.<pid>.partial``)
+_PARTIAL = re.compile(r".+\.([0-9a-f]{32}|[0-9]+)\.partial")
+
+
 def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
+    """Whether ``dst`` holds anything but this converter's lock and what a killed
+    converter's unfinished writes left (a converter killed while zarr wrote the store's
+    first root leaves only zarr's temporary file: its rerun must convert, not refuse)."""
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(dst, **(storage_options or {}))
     try:
-        return any(c.rstrip("/").rsplit("/", 1)[-1] != LOCK_NAME for c in fs.ls(path))
+        names = [c.rstrip("/").rsplit("/", 1)[-1] for c in fs.ls(path)]
     except (FileNotFoundError, NotADirectoryError):
-        return fs.exists(path)
+        return bool(fs.exists(path))
+    return any(n != LOCK_NAME and not _PARTIAL.fullmatch(n) for n in names)
 
 
 T = TypeVar("T")

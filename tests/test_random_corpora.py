@@ -2,8 +2,9 @@
 orders, HDF5 filters, never-written regions, short and long recordings) converted with
 random chunking and packing, read with random cache settings through every read path
 (one process, a modelled remote origin, several processes at once through one node
-cache), converted in parts with appends, and converted or appended with a kill -9 at a
-random moment and run again: every value equals h5py's.  Runs of
+cache), converted in parts with appends, converted or appended with a kill -9 at a
+random moment and run again, and read after a reader was killed mid-write into the
+tiers: every value equals h5py's.  Runs of
 hundreds of seeds are the tool's job; these keep its paths working and catch what a
 change breaks on data shaped unlike the synthetic corpus."""
 
@@ -23,8 +24,9 @@ from conftest import PYTHON, REPO, subprocess_env
         ["appends", "--seeds", "0:6"],
         ["ranks", "--seeds", "0:2"],
         ["kills", "--seeds", "61:65"],
+        ["reader-kills", "--seeds", "0:4"],
     ],
-    ids=["reads", "remote", "appends", "ranks", "kills"],
+    ids=["reads", "remote", "appends", "ranks", "kills", "reader_kills"],
 )
 def test_random_corpora_read_back_as_h5py_reads_them(args, tmp_path):
     out = subprocess.run(

@@ -5,6 +5,7 @@
     python tools/random_corpora.py ranks --seeds 0:60             # processes at once
     python tools/random_corpora.py appends --seeds 0:150          # converted in parts
     python tools/random_corpora.py kills --seeds 0:200            # kill -9, run again
+    python tools/random_corpora.py reader-kills --seeds 0:200     # a reader killed
 
 Each seed writes a small HDF5 file of its own with h5py: 1-6 recordings of 0.05-70 s
 (``wav`` at 16 kHz as channels x samples, samples x channels or mono; int16-valued
@@ -21,7 +22,8 @@ source bit for bit, its padding must be zeros, and no tier may count a corrupt v
 2-4 files in parts (patterns, appends, reruns) and checks that every item is in the
 store once with its values; ``kills`` converts or appends in a process killed with
 SIGKILL (with its workers) at a random moment once it writes, runs it again, and checks
-the same.  A failing seed prints its settings and traceback, and
+the same; ``reader-kills`` kills a process reading through the tiers once it writes
+into them, then reads every window through the same tiers.  A failing seed prints its settings and traceback, and
 the run exits 1.  tests/test_random_corpora.py runs a few seeds of each; runs of
 hundreds found a race in a process's first reads and a rerun refused after a kill
 (CHANGELOG).
@@ -209,7 +211,7 @@ def _tiers(cache: dict[str, Any] | None) -> str:
     """The cache settings in a line (which tiers, not their directories)."""
     if cache is None:
         return "no tiers"
-    on = "+".join(t for t in ("ram", "ssd") if cache[f"{t}_dir"])
+    on = "+".join(t for t in ("ram", "ssd") if cache.get(f"{t}_dir"))
     return f"{on} " + str({k: v for k, v in cache.items() if not k.endswith("_dir")})
 
 
@@ -407,12 +409,14 @@ def _files_in(path: str) -> int:
     return sum(len(names) for _, _, names in os.walk(path))
 
 
-def _killed_run(code: str, store: str, after: float) -> str:
+def _killed_run(code: str, into: str | list[str], after: float) -> str:
     """Run ``code`` in a process of its own and kill it (SIGKILL, its process group)
-    ``after`` seconds after it first writes into ``store``; what happened, in words."""
-    before = _files_in(store)
+    ``after`` seconds after it first writes a file under ``into`` (a directory, or
+    several); what happened, in words."""
+    paths = [into] if isinstance(into, str) else into
+    before = sum(_files_in(p) for p in paths)
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    while proc.poll() is None and _files_in(store) <= before:  # until it writes
+    while proc.poll() is None and sum(_files_in(p) for p in paths) <= before:  # until it writes
         time.sleep(0.002)
     try:
         proc.wait(timeout=after)
@@ -420,7 +424,8 @@ def _killed_run(code: str, store: str, after: float) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return f"killed {after:.2f} s into its writes ({_files_in(store) - before} files)"
+        now = sum(_files_in(p) for p in paths)
+        return f"killed {after:.2f} s into its writes ({now - before} files)"
 
 
 def kills(seed: int, where: str, remote: bool) -> str:
@@ -472,11 +477,62 @@ def kills(seed: int, where: str, remote: bool) -> str:
     return f"{what} of {len(want)} items, {workers} worker(s), {'; '.join(killed)}; run again"
 
 
+def reader_kills(seed: int, where: str, remote: bool) -> str:
+    """A process reading through a node cache killed (SIGKILL) at a random moment once
+    it writes into the tiers, then every window read through the same tiers: each equals
+    its source (a value the killed process left half-written is never served)."""
+    import zstore
+    from zstore.testing import ModelledFileSystem
+
+    rng = np.random.default_rng(seed)
+    _, store, data, layout, _ = _converted(rng, where)
+    cache = _cache_options(rng, where) or _cache_options(np.random.default_rng(seed + 1), where)
+    if cache is None:
+        cache = {"ram_dir": os.path.join(where, "ram"), "ram_bytes": "64MB"}
+    window = float(rng.choice([0.5, 2.0, 6.0]))
+    per_item = int(rng.integers(1, 4))
+    latency = float(rng.choice([0.0, 0.0002]))  # a modelled origin: the SSD tier in use
+    settings = f"window_seconds={window}, windows_per_item={per_item}, fields=['wav', 'act']"
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "import zstore\n"
+        "from zstore.testing import ModelledFileSystem\n"
+        f"fs = ModelledFileSystem(latency={latency}) if {latency} else None\n"
+        f"ds = zstore.WindowDataset({store!r}, cache=zstore.CacheConfig(**{cache!r}), "
+        f"seed={seed}, origin_fs=fs, {settings})\n"
+        "for epoch in range(4):\n"
+        "    loader = zstore.WindowLoader(ds, batch_size=4, shuffle=True)\n"
+        "    loader.set_epoch(epoch)\n"
+        "    for batch in loader:\n"
+        "        pass\n"
+    )
+    tiers = [d for d in (cache.get("ram_dir"), cache.get("ssd_dir")) if d]
+    killed = _killed_run(code, tiers, float(rng.uniform(0.0, 0.3)))
+    ds = zstore.WindowDataset(
+        store,
+        window_seconds=window,
+        windows_per_item=per_item,
+        seed=seed,
+        cache=zstore.CacheConfig(**cache),
+        fields=["wav", "act"],
+        origin_fs=ModelledFileSystem(latency=latency) if latency else None,
+    )
+    n = 0
+    for epoch, batch in ((0, 4), (1, 0), (2, 3), (3, 0)):
+        for w in windows(ds, epoch, batch):
+            check_window(w, data, layout)
+            n += 1
+    assert ds.settle(timeout=120)
+    origin = f"latency {latency}" if latency else "local"
+    return f"{n} windows after a reader {killed}; {layout}, {_tiers(cache)}, {origin}"
+
+
 KINDS: dict[str, Callable[[int, str, bool], str]] = {
     "reads": reads,
     "ranks": ranks,
     "appends": appends,
     "kills": kills,
+    "reader-kills": reader_kills,
 }
 
 

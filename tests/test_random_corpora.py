@@ -22,7 +22,7 @@ from conftest import PYTHON, REPO, subprocess_env
         ["reads", "--seeds", "0:12"],
         ["reads", "--seeds", "100:110", "--remote"],
         ["appends", "--seeds", "0:6"],
-        ["ranks", "--seeds", "0:2"],
+        ["ranks", "--seeds", "0:2", "--remote"],
         ["kills", "--seeds", "61:65"],
         ["reader-kills", "--seeds", "0:4"],
     ],

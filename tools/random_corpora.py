@@ -2,7 +2,7 @@
 
     python tools/random_corpora.py reads --seeds 0:400            # one process
     python tools/random_corpora.py reads --seeds 0:400 --remote   # a modelled origin too
-    python tools/random_corpora.py ranks --seeds 0:60             # processes at once
+    python tools/random_corpora.py ranks --seeds 0:60 [--remote]  # processes at once
     python tools/random_corpora.py appends --seeds 0:150          # converted in parts
     python tools/random_corpora.py kills --seeds 0:200            # kill -9, run again
     python tools/random_corpora.py reader-kills --seeds 0:200     # a reader killed
@@ -266,8 +266,10 @@ def _rank(args: tuple[Any, ...]) -> int:
 
     import zstore
 
-    store, data, layout, cache, window, per_item, seed, mode, barrier = args
+    store, data, layout, cache, window, per_item, seed, mode, latency, barrier = args
     warnings.simplefilter("ignore")  # as in the main process
+    from zstore.testing import ModelledFileSystem
+
     ds = zstore.WindowDataset(
         store,
         window_seconds=window,
@@ -275,6 +277,7 @@ def _rank(args: tuple[Any, ...]) -> int:
         seed=seed,
         cache=zstore.CacheConfig(**cache) if cache else False,
         fields=["wav", "act"],
+        origin_fs=ModelledFileSystem(latency=latency) if latency else None,
     )
     barrier.wait()
     n = 0
@@ -298,7 +301,8 @@ def _rank(args: tuple[Any, ...]) -> int:
 
 
 def ranks(seed: int, where: str, remote: bool) -> str:
-    """2-3 spawned processes read one store through one node cache at once."""
+    """2-3 spawned processes read one store through one node cache at once (with
+    ``remote``, from a modelled origin for 7 seeds in 10: the SSD tier in use)."""
     rng = np.random.default_rng(seed)
     _, store, data, layout, _ = _converted(rng, where)
     cache = _cache_options(rng, where) or _cache_options(np.random.default_rng(seed + 1), where)
@@ -306,17 +310,20 @@ def ranks(seed: int, where: str, remote: bool) -> str:
     per_item = int(rng.integers(1, 4))
     n = int(rng.integers(2, 4))
     modes = [str(rng.choice(["loader", "dataloader", "items"])) for _ in range(n)]
+    latency = float(rng.choice([0.0002, 0.003])) if remote and rng.random() < 0.7 else 0.0
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(n)
         jobs = [
-            (store, data, layout, cache, window, per_item, seed * 10 + p % 2, modes[p], barrier)
+            (store, data, layout, cache, window, per_item, seed * 10 + p % 2, modes[p], latency)
+            + (barrier,)
             for p in range(n)
         ]
         with cf.ProcessPoolExecutor(n, mp_context=ctx) as pool:
             counts = list(pool.map(_rank, jobs, timeout=600))
     _no_corrupt(cache)
-    return f"windows {counts} ({modes}); {layout}, {_tiers(cache)}, window {window}"
+    origin = f"latency {latency}" if latency else "local"
+    return f"windows {counts} ({modes}); {layout}, {_tiers(cache)}, {origin}, window {window}"
 
 
 def _recordings(rng: np.random.Generator, path: str, prefix: str) -> Data:
@@ -540,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("kind", choices=sorted(KINDS))
     p.add_argument("--seeds", default="0:100", help="a range A:B of seeds (default 0:100)")
-    p.add_argument("--remote", action="store_true", help="reads: a modelled origin too")
+    p.add_argument("--remote", action="store_true", help="reads, ranks: a modelled origin too")
     p.add_argument("--work", default=None, help="where the corpora go (default: a temp dir)")
     args = p.parse_args(argv)
     first, stop = (int(x) for x in args.seeds.split(":"))

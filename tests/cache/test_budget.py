@@ -422,23 +422,17 @@ def test_a_thread_never_sees_the_sketch_half_opened(tmp_path, monkeypatch):
 
 def test_a_sketch_made_by_another_process_meanwhile_is_kept(tmp_path, monkeypatch):
     """Two processes making the node's sketch at once: the one made second does not
-    replace the first (whose process would count into a file no one else reads)."""
-    import zstore.cache._admission as admission
+    replace the first (whose process would count into a file no one else reads).  The
+    other process is a thread (a temporary name of its own) that makes and publishes its
+    sketch while this one's is written but not yet in place."""
+    import zstore.cache.files as files
 
     first = FrequencySketch(str(tmp_path), sketch_width(1 << 20))
     second = FrequencySketch(str(tmp_path), sketch_width(1 << 20))  # as another process
-    real = admission.fix_file
-    fired: list[str] = []
-
-    def meanwhile(path: str) -> None:  # the second's file is made; the first's lands now
-        if not fired:
-            fired.append(path)
-            first.touch("k")
-        real(path)
-
-    monkeypatch.setattr(admission, "fix_file", meanwhile)
+    started = _inside_first_open(monkeypatch, files, "fix_file", lambda: first.touch("k"))
     second.touch("k")
     first.touch("k")
+    assert started and not started[0].is_alive()
     assert first.estimate("k") >= 2 and second.estimate("k") >= 2
     assert os.listdir(tmp_path) == ["frequency.bin"]
 

@@ -13,18 +13,16 @@ within a few periods.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import hashlib
 import mmap
 import os
-import threading
 from typing import Any
 
 import numpy as np
 
-from zstore.cache.files import fix_file, publish_new
+from zstore.cache.files import make_new
 
 ROWS = 4
 HEADER = 16  # uint64 accesses since the last halving, uint64 period
@@ -98,17 +96,7 @@ class FrequencySketch:
         yet; None where it cannot be used."""
         try:
             if not os.path.exists(self.path):
-                # a name of this thread's own: two threads of a process may make it at once
-                tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
-                try:  # every block allocated now: a sparse file written through a map
-                    with open(tmp, "wb") as f:  # dies of SIGBUS when the tmpfs fills up
-                        os.posix_fallocate(f.fileno(), 0, sketch_bytes(self.width))
-                    fix_file(tmp)
-                    publish_new(tmp, self.path)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
+                make_new(self.path, self._allocated)
             fd = os.open(self.path, os.O_RDWR)
             size = os.fstat(fd).st_size
             width = (size - HEADER) // (2 * ROWS)
@@ -123,6 +111,12 @@ class FrequencySketch:
             return mmap.mmap(fd, size), fd, width
         except OSError:
             return None
+
+    def _allocated(self, tmp: str) -> None:
+        """A new sketch at ``tmp``, every block allocated now: a sparse file written
+        through a map dies of SIGBUS when the tmpfs fills up."""
+        with open(tmp, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, sketch_bytes(self.width))
 
     def _slots(self, key: str | bytes) -> tuple[int, ...]:
         found = self._known.get(key)  # a RAM hit touches its key: skip encoding it

@@ -13,12 +13,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 
-from zstore.cache.files import fix_file, publish_new
+from zstore.cache.files import make_new
 from zstore.cache.ownership import make_dir
 
 SLOTS = 4096
@@ -51,11 +50,7 @@ class EvictionLog:
             if make_dir(os.path.dirname(self.path)) is not None:
                 return None
             if not os.path.exists(self.path):
-                # a name of this thread's own: two threads of a process may make it at once
-                tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
-                np.zeros(SLOTS + 1, dtype=np.int64).tofile(tmp)
-                fix_file(tmp)
-                publish_new(tmp, self.path)
+                make_new(self.path, np.zeros(SLOTS + 1, dtype=np.int64).tofile)
             return np.memmap(self.path, dtype=np.int64, mode="r+", shape=(SLOTS + 1,))
         except (OSError, ValueError):
             return None  # without the log, evicted maps go when the map LRU drops them

@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import stat
+import threading
+from collections.abc import Callable
 
 from zstore.cache.ownership import GROUP_FILE, PRIVATE_FILE, shared_gid
 
@@ -49,17 +51,23 @@ def write_json(path: str, data: object) -> bool:
         return False
 
 
-def publish_new(tmp: str, path: str) -> None:
-    """Put the finished file ``tmp`` at ``path`` unless another process put one there
+def make_new(path: str, write: Callable[[str], None]) -> None:
+    """Make the file at ``path``: ``write(tmp)`` fills a file of this thread's own name,
+    given the tier's mode and put at ``path`` unless another process put one there
     first (theirs stays: processes that opened it already use it; a rename would replace
-    it, leaving them with a file no one else reads), and remove ``tmp``."""
+    it, leaving them with a file no one else reads).  Nothing is left at the temporary
+    name, whatever fails (OSError is raised)."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # threads may make it at once
     try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    except OSError:  # a file system without hard links: a rename, unless one is there now
-        if not os.path.exists(path):
-            os.replace(tmp, path)
+        write(tmp)
+        fix_file(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a rename, unless one is there
+            if not os.path.exists(path):
+                os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

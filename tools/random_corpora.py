@@ -468,13 +468,8 @@ def kills(seed: int, where: str, remote: bool) -> str:
     rerun = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     want = {}
-    for k, (_, data) in enumerate(files):
-        if append and k == 0:
-            want.update(data)
-        elif append:
-            want.update(data)  # one file converted: items named by group
-        else:
-            want.update({f"f{k}/{g}": v for g, v in data.items()})
+    for k, (_, data) in enumerate(files):  # one file converted: items named by group
+        want.update(data if append else {f"f{k}/{g}": v for g, v in data.items()})
     got = _stored_items(store)
     assert set(got) == set(want), ("items", sorted(set(want) ^ set(got)))
     for item, arrays in want.items():

@@ -6,6 +6,7 @@
     python tools/random_corpora.py appends --seeds 0:150          # converted in parts
     python tools/random_corpora.py kills --seeds 0:200            # kill -9, run again
     python tools/random_corpora.py reader-kills --seeds 0:200     # a reader killed
+    python tools/random_corpora.py odd --seeds 0:200 [--s3]       # HDF5 as it comes
 
 Each seed writes a small HDF5 file of its own with h5py: 1-6 recordings of 0.05-70 s
 (``wav`` at 16 kHz as channels x samples, samples x channels or mono; int16-valued
@@ -14,7 +15,7 @@ gzip, lzf or fletcher32; part of a chunked dataset never written, read as its fi
 value; ``act`` at 100 frames/s), converts it with random chunk and pack lengths, and
 reads it with random cache settings (none, RAM, SSD, both; every RAM form and fetch
 mode; budgets from 1 MB), window lengths and windows per item, through
-``WindowLoader`` and ``ds[i]`` over several epochs.  Every window must equal the
+``WindowLoader`` and ``ds[i]`` over several epochs (``--s3``: 7 stores in 10 on a local S3 endpoint).  Every window must equal the
 source bit for bit, its padding must be zeros, and no tier may count a corrupt value.
 
 ``ranks`` reads one store from 2-3 processes at once through one node cache
@@ -23,10 +24,11 @@ source bit for bit, its padding must be zeros, and no tier may count a corrupt v
 store once with its values; ``kills`` converts or appends in a process killed with
 SIGKILL (with its workers) at a random moment once it writes, runs it again, and checks
 the same; ``reader-kills`` kills a process reading through the tiers once it writes
-into them, then reads every window through the same tiers.  A failing seed prints its settings and traceback, and
-the run exits 1.  tests/test_random_corpora.py runs a few seeds of each; runs of
-hundreds found a race in a process's first reads and a rerun refused after a kill
-(CHANGELOG).
+into them, then reads every window through the same tiers; ``odd`` converts files with
+odd HDF5 features (tools/random_odd.py), on a local S3 endpoint with ``--s3``.  A
+failing seed prints its settings and traceback, and the run exits 1.
+tests/test_random_corpora.py runs a few seeds of each; runs of hundreds found a race
+in a process's first reads and a rerun refused after a kill (CHANGELOG).
 """
 
 from __future__ import annotations
@@ -49,14 +51,11 @@ from typing import Any
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import random_odd  # noqa: E402
+
 Data = dict[str, dict[str, np.ndarray]]
-STORAGE: list[dict[str, Any]] = [
-    {},
-    {"chunks": True},
-    {"chunks": True, "compression": "gzip", "shuffle": True},
-    {"chunks": True, "compression": "lzf"},
-    {"chunks": True, "fletcher32": True},
-]
+STORAGE = random_odd.STORAGE
 
 
 def corpus(rng: np.random.Generator, path: str) -> tuple[Data, str]:
@@ -147,9 +146,11 @@ def check_window(w: dict[str, Any], data: Data, layout: str) -> None:
     assert not act[:, n:].any(), (*where, "act padding")
 
 
-def windows(ds: Any, epoch: int, batch: int) -> Iterator[dict[str, Any]]:
+def windows(
+    ds: Any, epoch: int, batch: int, fields: tuple[str, ...] = ("wav", "act")
+) -> Iterator[dict[str, Any]]:
     """Epoch ``epoch`` of ``ds``: through ``WindowLoader(batch_size=batch)``, or
-    ``ds[i]`` when ``batch`` is 0."""
+    ``ds[i]`` when ``batch`` is 0; a batch's ``fields`` taken apart window by window."""
     import zstore
 
     ds.set_epoch(epoch)
@@ -164,13 +165,15 @@ def windows(ds: Any, epoch: int, batch: int) -> Iterator[dict[str, Any]]:
                 "item": b["item"][k],
                 "start": float(b["start"][k]),
                 "length": int(b["length"][k]),
-                "wav": b["wav"][k],
-                "act": b["act"][k],
+                **{name: b[name][k] for name in fields},
             }
 
 
-def _converted(rng: np.random.Generator, where: str) -> tuple[str, str, Data, str, dict[str, Any]]:
-    """(HDF5 path, store, source values, layout, convert options) of a new corpus."""
+def _converted(
+    rng: np.random.Generator, where: str, store: str | None = None, **extra: Any
+) -> tuple[str, str, Data, str, dict[str, Any]]:
+    """(HDF5 path, store, source values, layout, convert options) of a new corpus
+    (at ``store``, default in ``where``; ``extra``: more convert options)."""
     import zstore
 
     h5 = os.path.join(where, "corpus.h5")
@@ -188,7 +191,8 @@ def _converted(rng: np.random.Generator, where: str) -> tuple[str, str, Data, st
         options["dtypes"] = {"wav": "float32"}  # int16 values: exact
         for v in data.values():
             v["wav"] = v["wav"].astype(np.float32)
-    store = os.path.join(where, "store.zarr")
+    options.update(extra)
+    store = store or os.path.join(where, "store.zarr")
     zstore.convert(h5, store, **options)
     return h5, store, data, layout, options
 
@@ -232,10 +236,11 @@ def reads(seed: int, where: str, remote: bool) -> str:
     from zstore.testing import ModelledFileSystem
 
     rng = np.random.default_rng(seed)
-    _, store, data, layout, options = _converted(rng, where)
+    so = random_odd.on_s3(rng, seed)
+    _, store, data, layout, options = _converted(rng, where, **so)
     cache = _cache_options(rng, where)
     fs = None
-    if remote and rng.random() < 0.7:
+    if remote and not so and rng.random() < 0.7:
         fs = ModelledFileSystem(latency=float(rng.choice([0.0002, 0.006])))
     window = float(rng.choice([0.5, 1.0, 3.0, 8.0]))
     ds = zstore.WindowDataset(
@@ -246,6 +251,7 @@ def reads(seed: int, where: str, remote: bool) -> str:
         cache=zstore.CacheConfig(**cache) if cache else False,
         fields=["wav", "act"],
         origin_fs=fs,
+        storage_options=so.get("storage_options"),
     )
     n = 0
     for epoch, batch in ((0, 4), (0, 0), (1, 3), (2, 0), (2, 16)):
@@ -255,7 +261,7 @@ def reads(seed: int, where: str, remote: bool) -> str:
     if cache:
         assert ds.settle(timeout=120)
     _no_corrupt(cache)
-    origin = f"latency {fs.latency}" if fs else "local"
+    origin = f"latency {fs.latency}" if fs else "s3" if so else "local"
     shown = {k: options[k] for k in ("chunk_seconds", "pack_seconds")}
     return f"{n} windows; {layout}, {shown}, {_tiers(cache)}, {origin}, window {window}"
 
@@ -535,7 +541,36 @@ KINDS: dict[str, Callable[[int, str, bool], str]] = {
     "appends": appends,
     "kills": kills,
     "reader-kills": reader_kills,
+    "odd": lambda seed, where, remote: random_odd.odd(seed, where, remote),
 }
+
+
+def s3_endpoint() -> tuple[Any, dict[str, Any]]:
+    """A local S3 endpoint (moto's server on a free port of 127.0.0.1) with a bucket
+    ``zstore-random``: (the server, to stop; s3fs's storage options)."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"},
+    }
+    boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket="zstore-random")
+    return server, options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -544,7 +579,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0:100", help="a range A:B of seeds (default 0:100)")
     p.add_argument("--remote", action="store_true", help="reads, ranks: a modelled origin too")
     p.add_argument("--work", default=None, help="where the corpora go (default: a temp dir)")
+    p.add_argument(
+        "--s3",
+        action="store_true",
+        help="reads, odd: stores on a local S3 endpoint (moto), 7 in 10",
+    )
     args = p.parse_args(argv)
+    server = None
+    if args.s3:
+        server, random_odd.S3_OPTIONS = s3_endpoint()
     first, stop = (int(x) for x in args.seeds.split(":"))
     warnings.simplefilter("ignore")  # short items padded, precision notes: all expected
     work = args.work or tempfile.mkdtemp(prefix="zstore-random-")
@@ -563,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.kind}: {stop - first - failures} of {stop - first} seeds passed", flush=True)
     if not args.work and not failures:  # a failing seed's files stay for a look
         shutil.rmtree(work, ignore_errors=True)
+    if server is not None:
+        server.stop()
     return 1 if failures else 0
 
 

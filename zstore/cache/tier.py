@@ -158,7 +158,7 @@ class Tier(TierReads, TierWrites):
 
     def sweep(self, min_age: float = 60.0) -> int:
         """Remove value files no index row refers to (left by killed writers)."""
-        return upkeep.sweep(self._cache, self.directory, min_age)
+        return upkeep.sweep(self._open(), self.directory, min_age)
 
     def usage(self) -> dict[str, Any]:
         """Bytes the tier occupies on disk (values, index, WAL) and its entry count."""

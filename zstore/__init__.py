@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 import fsspec as _fsspec
 
-from zstore.convert import ConvertReport, append, convert
+from zstore.convert import ConvertReport, TidyReport, append, convert, tidy
 from zstore.errors import (
     ConfigError,
     DestinationError,
@@ -101,6 +101,8 @@ __all__ = [
     "store_info",
     "StoreFormatError",
     "StoreReplacedError",
+    "tidy",
+    "TidyReport",
     "warm",
     "WindowDataset",
     "WindowLoader",

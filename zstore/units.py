@@ -1,4 +1,5 @@
-"""Byte counts for people: parse ``"64GB"`` and ``"500MiB"``, print ``1.5 KiB``.
+"""Byte counts and durations for people: parse ``"64GB"``, ``"500MiB"`` and ``"7d"``,
+print ``1.5 KiB``.
 
 A shared leaf: every layer may import it; it imports only :mod:`zstore.errors`.
 """
@@ -67,3 +68,25 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: int | float | str, *, name: str = "duration") -> float:
+    """Seconds from ``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"1w"`` or a number of
+    seconds; a clear error naming ``name`` otherwise."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        m = _SIZE_RE.match(str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _SECONDS:
+            raise ConfigError(
+                f"{name} {value!r}: write a number of seconds or one with a unit "
+                "(s, m, h, d, w), e.g. 7d or 12h"
+            )
+        seconds = float(m.group(1)) * _SECONDS[unit]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{name} {value!r}: must be 0 or more")
+    return seconds

@@ -1,4 +1,5 @@
-"""The ``zstore`` command: convert | info | cache stats | cache clear | cache warm | demo."""
+"""The ``zstore`` command: convert | info | upgrade | tidy | cache stats | cache clear |
+cache warm | demo."""
 
 from __future__ import annotations
 
@@ -191,6 +192,22 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         f"{args.store}: manifest rewritten as format 2 ({len(new.items)} items, store id "
         f"{new.store_id} kept; no chunk was touched)"
     )
+    return 0
+
+
+def cmd_tidy(args: argparse.Namespace) -> int:
+    from zstore.convert import tidy
+    from zstore.units import parse_duration
+
+    report = tidy(
+        args.store,
+        older_than=parse_duration(args.older_than, name="--older-than"),
+        dry_run=args.dry_run,
+        storage_options=_storage_options(args),
+    )
+    print(report)
+    for name in report.tables + report.partials:
+        print(f"  {name}")
     return 0
 
 
@@ -473,6 +490,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store", help="store path or fsspec URL")
     _remote_options(p)
     p.set_defaults(func=cmd_upgrade)
+
+    p = sub.add_parser(
+        "tidy",
+        help="remove the item tables appends replaced (older than --older-than) and "
+        "the temporary files of killed writes from a finished store",
+    )
+    p.add_argument("store", help="store path or fsspec URL")
+    p.add_argument(
+        "--older-than",
+        default="7d",
+        help="remove replaced item tables last written longer ago than this (7d): "
+        "a job that opened the store before an append reads its old table in every "
+        "DataLoader worker it starts, so give the longest a job may run",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    _remote_options(p)
+    p.set_defaults(func=cmd_tidy)
 
     p = sub.add_parser("cache", help="inspect, clear or warm the node's cache tiers")
     csub = p.add_subparsers(dest="cache_command", required=True)

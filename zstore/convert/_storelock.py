@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -33,6 +34,9 @@ from zstore.errors import DestinationError
 from zstore.urls import is_url, local_path
 
 LOCK_NAME = "zstore.lock"
+#: a file an atomic write left unfinished when its writer was killed: zarr's
+#: (``zarr.<32 hex digits>.partial``) or zstore's (``<name>.<pid>.partial``)
+PARTIAL = re.compile(r".+\.([0-9a-f]{32}|[0-9]+)\.partial")
 #: How long a writer waits for a remote store's lock before giving up (seconds).
 REMOTE_WAIT = 600.0
 

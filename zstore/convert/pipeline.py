@@ -6,7 +6,6 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import os
-import re
 import time
 import uuid
 import warnings
@@ -29,7 +28,7 @@ from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_al
 from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, check_unchanged, plan
-from zstore.convert._storelock import LOCK_NAME, store_lock, wipe
+from zstore.convert._storelock import LOCK_NAME, PARTIAL, store_lock, wipe
 from zstore.convert._subgroups import check_subgroups
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
@@ -132,11 +131,6 @@ def _prepare_destination(
     return root, True
 
 
-#: a file an atomic write left unfinished when its writer was killed: zarr's
-#: (``zarr.<32 hex digits>.partial``) or zstore's (``<name>.<pid>.partial``)
-_PARTIAL = re.compile(r".+\.([0-9a-f]{32}|[0-9]+)\.partial")
-
-
 def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
     """Whether ``dst`` holds anything but this converter's lock and what a killed
     converter's unfinished writes left (a converter killed while zarr wrote the store's
@@ -148,7 +142,7 @@ def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:
         names = [c.rstrip("/").rsplit("/", 1)[-1] for c in fs.ls(path)]
     except (FileNotFoundError, NotADirectoryError):
         return bool(fs.exists(path))
-    return any(n != LOCK_NAME and not _PARTIAL.fullmatch(n) for n in names)
+    return any(n != LOCK_NAME and not PARTIAL.fullmatch(n) for n in names)
 
 
 T = TypeVar("T")

@@ -231,8 +231,10 @@ def load_table(
         return view
     except FileNotFoundError:
         raise StoreFormatError(
-            f"{where}: the item table is missing; restore it from a good "
-            "copy or reconvert the store"
+            f"{where}: the item table is missing. If the store was appended to since "
+            "this job opened it, 'zstore tidy' removed the table the job reads: restart "
+            "the job (and give tidy an --older-than longer than your jobs run); else "
+            "restore the table from a good copy or reconvert the store"
         ) from None
 
 

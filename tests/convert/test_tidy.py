@@ -1,0 +1,200 @@
+"""``zstore tidy``: the item tables appends replaced, and the temporary files of killed
+writes, removed from a finished store; nothing a reader of the store needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_one_line_error, cli, write_h5
+
+import zstore
+from zstore.format.layout import MANIFEST_ATTR, PROGRESS_ATTR
+
+RATES = {"wav": 16000, "act": 100}
+WEEK = 7 * 86400
+
+
+def _files(where: Path, n: int) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """``n`` HDF5 files f0.h5 ... of 2 recordings each (of 1-2 s)."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for k in range(n):
+        items = {}
+        for i in range(2):
+            frames = 100 * (1 + i)
+            items[f"u{k}_{i}"] = {
+                "wav": (rng.integers(-32768, 32768, (1, frames * 160)) / 32768).astype(np.float32),
+                "act": (rng.random((2, frames)) > 0.5).astype(np.float32),
+            }
+        write_h5(where / f"f{k}.h5", items)
+        out[f"f{k}.h5"] = items
+    return out
+
+
+def _appended_store(tmp_path: Path, appends: int = 3, **so) -> tuple[str, dict]:
+    data = _files(tmp_path, appends + 1)
+    store = so.pop("store", str(tmp_path / "s.zarr"))
+    options = {"workers": 1, "progress": False, **so}
+    zstore.convert(str(tmp_path / "f0.h5"), store, rates=RATES, pack_seconds=0, **options)
+    for k in range(1, appends + 1):
+        zstore.append(str(tmp_path / f"f{k}.h5"), store, **options)
+    return store, {item: a for items in data.values() for item, a in items.items()}
+
+
+def _tables(store: Path) -> list[str]:
+    return sorted(p.name for p in store.iterdir() if p.name.startswith("zstore_items_"))
+
+
+def _current(store: Path) -> str:
+    return json.loads((store / "zarr.json").read_text())["attributes"][MANIFEST_ATTR]["table"]
+
+
+def _age(store: Path, table: str, seconds: float) -> None:
+    """Make ``table`` look last written ``seconds`` ago."""
+    then = time.time() - seconds
+    for here, _, names in os.walk(store / table):
+        for name in names:
+            os.utime(os.path.join(here, name), (then, then))
+
+
+def _reads_back(store: str, data: dict, **so) -> None:
+    ds = zstore.WindowDataset(store, window_seconds=None, cache=False, **so)
+    assert len(ds) == len(data)
+    for i in range(len(ds)):
+        w = ds[i]
+        for name in ("wav", "act"):
+            assert np.array_equal(w[name].numpy(), data[w["item"]][name]), (w["item"], name)
+
+
+def test_tidy_removes_replaced_tables_older_than_the_age_only(tmp_path):
+    store, data = _appended_store(tmp_path)
+    root = Path(store)
+    tables = _tables(root)
+    current = _current(root)
+    assert len(tables) == 4 and current in tables  # each append left the one before
+    old = [t for t in tables if t != current]
+
+    report = zstore.tidy(store)  # all written just now: a running job may read them
+    assert report.tables == [] and sorted(report.kept_young) == old
+    assert _tables(root) == tables
+
+    _age(root, old[0], WEEK + 60)
+    _age(root, old[1], WEEK + 60)
+    _age(root, current, 30 * 86400)  # the one the root names stays, however old
+    dry = zstore.tidy(store, dry_run=True)
+    assert sorted(dry.tables) == sorted(old[:2]) and dry.nbytes > 0
+    assert _tables(root) == tables  # a dry run removes nothing
+    report = zstore.tidy(store)
+    assert sorted(report.tables) == sorted(old[:2]) and report.kept_young == [old[2]]
+    assert "removed 2 old item table(s)" in str(report)
+    assert _tables(root) == sorted([current, old[2]])
+    _reads_back(store, data)
+    assert zstore.tidy(store, older_than="0s").tables == [old[2]]  # "7d", "12h", seconds
+    assert _tables(root) == [current]
+    assert zstore.tidy(store, older_than=0).tables == []  # a rerun finds nothing more
+    _reads_back(store, data)
+
+
+def test_a_reader_opened_before_an_append_reads_on_after_a_tidy(tmp_path):
+    """The table a job opened is kept while young: its DataLoader workers, started
+    after the append and the tidy, map it again."""
+    store, data = _appended_store(tmp_path, appends=1)
+    before = zstore.WindowDataset(store, window_seconds=None, cache=False)
+    seen = {before[i]["item"] for i in range(len(before))}
+    write_h5(tmp_path / "late.h5", {"late0": {k: v for k, v in data["u0_0"].items()}})
+    zstore.append(str(tmp_path / "late.h5"), store, workers=1, progress=False)
+    zstore.tidy(store)
+    import pickle
+
+    worker = pickle.loads(pickle.dumps(before))  # as a DataLoader worker gets it
+    assert {worker[i]["item"] for i in range(len(worker))} == seen
+    assert len(zstore.WindowDataset(store, window_seconds=None, cache=False)) == len(seen) + 1
+    zstore.tidy(store, older_than=0)  # a tidy that does not wait for the job: it is told
+    with pytest.raises(zstore.StoreFormatError, match="'zstore tidy' removed the table"):
+        late = pickle.loads(pickle.dumps(before))
+        late[0]
+
+
+def test_tidy_removes_what_killed_writes_left(tmp_path):
+    store, data = _appended_store(tmp_path, appends=1)
+    root = Path(store)
+    left = [
+        root / "zarr.json.4242.partial",  # zstore's atomic write of the root
+        root / "u0_1" / "zarr.json.4243.partial",  # an item's completion mark
+        root / "u0_1" / "wav" / f"zarr.{uuid.uuid4().hex}.partial",  # zarr's own
+    ]
+    for path in left:
+        path.write_bytes(b'{"cut sh')
+    mine = root / "u0_1" / "notes.partial"  # not a temporary file's name: kept
+    mine.write_text("mine")
+    dry = zstore.tidy(store, dry_run=True)
+    assert sorted(dry.partials) == sorted(str(p.relative_to(root)) for p in left)
+    assert all(p.exists() for p in left)
+    report = zstore.tidy(store)
+    assert len(report.partials) == 3 and not any(p.exists() for p in left)
+    assert mine.read_text() == "mine"
+    _reads_back(store, data)
+
+
+def test_tidy_refuses_an_unfinished_conversion_and_what_is_no_store(tmp_path):
+    store, _ = _appended_store(tmp_path, appends=0)
+    meta_path = Path(store) / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    fingerprint = meta["attributes"][MANIFEST_ATTR]["fingerprint"]
+    meta["attributes"] = {PROGRESS_ATTR: fingerprint}  # begun, not published
+    meta_path.write_text(json.dumps(meta))
+    partial = Path(store) / "u0_0" / "zarr.json.77.partial"
+    partial.write_text("")
+    with pytest.raises(zstore.DestinationError, match="has not finished; run it again"):
+        zstore.tidy(store)
+    assert partial.exists()  # nothing removed
+    missing = tmp_path / "nothing-here.zarr"
+    with pytest.raises(zstore.DestinationError, match="no store there"):
+        zstore.tidy(missing)
+    assert not missing.exists()  # not made by the lock
+    other = tmp_path / "plain"
+    other.mkdir()
+    (other / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    with pytest.raises(zstore.DestinationError, match="not a zstore store"):
+        zstore.tidy(other)
+    with pytest.raises(zstore.ConfigError, match="older_than '3x'"):
+        zstore.tidy(store, older_than="3x")
+
+
+def test_tidy_on_s3(tmp_path, s3):
+    options, _ = s3
+    url = f"s3://zstore-test/tidy-{uuid.uuid4().hex[:8]}/s.zarr"
+    store, data = _appended_store(tmp_path, appends=2, store=url, storage_options=options)
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url, **options)
+
+    def tables() -> list[str]:
+        listed = fs.ls(root, detail=False, refresh=True)
+        return sorted(p.rsplit("/", 1)[-1] for p in listed if "zstore_items_" in p)
+
+    assert len(tables()) == 3
+    assert zstore.tidy(url, storage_options=options).kept_young != []
+    report = zstore.tidy(url, older_than=0, storage_options=options)
+    assert len(report.tables) == 2 and report.partials == []
+    assert len(tables()) == 1
+    _reads_back(url, data, storage_options=options)
+
+
+def test_the_tidy_command(tmp_path):
+    store, _ = _appended_store(tmp_path, appends=1)
+    out = cli("tidy", store, "--older-than", "0", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "would remove 1 old item table(s)" in out.stdout
+    assert "zstore_items_" in out.stdout.splitlines()[1]
+    out = cli("tidy", store)
+    assert out.returncode == 0 and "removed 0 old item table(s)" in out.stdout
+    assert "kept 1 replaced table(s)" in out.stdout
+    assert_one_line_error(cli("tidy", store, "--older-than", "3x"), "--older-than '3x'")
+    assert_one_line_error(cli("tidy", str(tmp_path / "none.zarr")), "no store there")

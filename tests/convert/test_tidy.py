@@ -198,3 +198,21 @@ def test_the_tidy_command(tmp_path):
     assert "kept 1 replaced table(s)" in out.stdout
     assert_one_line_error(cli("tidy", store, "--older-than", "3x"), "--older-than '3x'")
     assert_one_line_error(cli("tidy", str(tmp_path / "none.zarr")), "no store there")
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("45s", 45), ("1w", WEEK), (90, 90)],
+)
+def test_parse_duration(text, seconds):
+    from zstore.units import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "3x", -1, "", True, float("inf")])
+def test_parse_duration_rejects(bad):
+    from zstore.units import parse_duration
+
+    with pytest.raises(zstore.ConfigError, match="--older-than"):
+        parse_duration(bad, name="--older-than")

@@ -437,3 +437,55 @@ def test_an_append_with_patterns_adds_the_items_a_file_in_the_store_was_converte
     plain = zstore.append(src, dst, workers=1, progress=False)
     assert plain.converted == 0 and plain.already_in_store == [src]
     assert snapshot(dst) == before
+
+
+def test_a_lock_on_s3_left_by_a_killed_writer_of_this_host_is_named_at_once(tmp_path, s3, small_h5):
+    """A converter killed on this host leaves its lock object: the next one says so at
+    once (it waited 10 minutes first), names the object, and removes nothing; a lock of
+    a process still running is waited for, then named."""
+    import json
+    import os
+    import socket
+    import sys
+
+    import fsspec
+
+    from zstore.convert._storelock import store_lock
+
+    options, _ = s3
+    url = f"s3://zstore-test/lock-{tmp_path.name}/s.zarr"
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lock = {"host": socket.gethostname(), "pid": int(dead.stdout), "since": 0}
+    fs.pipe_file(f"{root}/zstore.lock", json.dumps(lock).encode())
+    with pytest.raises(zstore.DestinationError, match="no longer running") as err:
+        zstore.convert(
+            small_h5,
+            url,
+            rates={"wav": 16000, "act": 100},
+            workers=1,
+            progress=False,
+            storage_options=options,
+        )
+    assert f"{url}/zstore.lock" in str(err.value) and f"pid {dead.stdout.strip()}" in str(err.value)
+    assert fs.exists(f"{root}/zstore.lock")  # left for a person to remove
+    lock["pid"] = os.getpid()  # a running process: waited for, then named
+    fs.pipe_file(f"{root}/zstore.lock", json.dumps(lock).encode())
+    with pytest.raises(zstore.DestinationError, match="another conversion or append holds"):
+        with store_lock(url, options, wait=0.3):
+            pass
+    fs.rm_file(f"{root}/zstore.lock")
+    report = zstore.convert(
+        small_h5,
+        url,
+        rates={"wav": 16000, "act": 100},
+        workers=1,
+        progress=False,
+        storage_options=options,
+    )
+    assert report.converted == report.items > 0

@@ -12,7 +12,9 @@ at the store's root, from before it reads the manifest until after it publishes:
 - on an object store (S3 and other fsspec URLs), an object created with a conditional
   write (``If-None-Match: *``): exactly one writer creates it.  It names its holder and
   is deleted on release; a writer killed while holding it leaves it, and the error that
-  the next writer gets names the object and its holder so that a person can delete it.
+  the next writer gets names the object and its holder so that a person can delete it:
+  at once when the holder was a process of the same host that is gone, else after
+  waiting ``REMOTE_WAIT`` for it.
 """
 
 from __future__ import annotations
@@ -149,7 +151,13 @@ def _object_lock(dst: str, storage_options: dict[str, Any] | None, wait: float) 
                 "(--storage-option, or the usual environment "
                 "variables)"
             ) from None
-        holder = _read_holder(fs, path)
+        holder, gone = _read_holder(fs, path)
+        if gone:  # killed on this host: waiting would only end in the error below
+            raise DestinationError(
+                f"{dst}: the store's lock ({dst.rstrip('/')}/{LOCK_NAME}) is {holder}, "
+                "which is no longer running (killed while converting or appending): "
+                "delete that object and rerun; the rerun finishes the work"
+            ) from None
         if time.monotonic() > deadline:
             raise DestinationError(
                 f"{dst}: another conversion or append holds the store's lock "
@@ -177,10 +185,28 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _read_holder(fs: Any, path: str) -> str:
+def _read_holder(fs: Any, path: str) -> tuple[str, bool]:
+    """Who holds the lock object at ``path``, in words, and whether it is a process of
+    this host that is no longer running.  The object is never removed here: a process
+    of another host cannot be checked, and two waiters that each removed a lock they
+    found stale could remove one another's new lock."""
     try:
         doc = json.loads(fs.cat_file(path))
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(doc["since"])))
-        return f"held by pid {doc['pid']} on {doc['host']} since {since}"
+        text = f"held by pid {doc['pid']} on {doc['host']} since {since}"
+        return text, doc["host"] == socket.gethostname() and not _running(int(doc["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
-        return "holder unknown"
+        return "holder unknown", False
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (one of another user counts)."""
+    if pid <= 0:
+        return True  # not a pid this code writes: assume it runs
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -461,7 +461,9 @@ def test_a_lock_on_s3_left_by_a_killed_writer_of_this_host_is_named_at_once(tmp_
         text=True,
         check=True,
     )
-    lock = {"host": socket.gethostname(), "pid": int(dead.stdout), "since": 0}
+    from zstore.convert._storelock import _where
+
+    lock = {"host": socket.gethostname(), "pid": int(dead.stdout), "since": 0, **_where()}
     fs.pipe_file(f"{root}/zstore.lock", json.dumps(lock).encode())
     with pytest.raises(zstore.DestinationError, match="no longer running") as err:
         zstore.convert(
@@ -474,6 +476,11 @@ def test_a_lock_on_s3_left_by_a_killed_writer_of_this_host_is_named_at_once(tmp_
         )
     assert f"{url}/zstore.lock" in str(err.value) and f"pid {dead.stdout.strip()}" in str(err.value)
     assert fs.exists(f"{root}/zstore.lock")  # left for a person to remove
+    other = {**lock, "pid_ns": "pid:[1]"}  # the same name, another container: not judged
+    fs.pipe_file(f"{root}/zstore.lock", json.dumps(other).encode())
+    with pytest.raises(zstore.DestinationError, match="another conversion or append holds"):
+        with store_lock(url, options, wait=0.3):
+            pass
     lock["pid"] = os.getpid()  # a running process: waited for, then named
     fs.pipe_file(f"{root}/zstore.lock", json.dumps(lock).encode())
     with pytest.raises(zstore.DestinationError, match="another conversion or append holds"):

@@ -44,7 +44,18 @@ REMOTE_WAIT = 600.0
 
 
 def _holder() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), **_where()}
+
+
+def _where() -> dict[str, str]:
+    """This process's boot and pid namespace (Linux): two containers may share a host
+    name, but a pid is only checked where both match."""
+    out = {}
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            out["boot"] = f.read().strip()
+        out["pid_ns"] = os.readlink("/proc/self/ns/pid")
+    return out
 
 
 @contextlib.contextmanager
@@ -187,14 +198,17 @@ def _first_line(e: BaseException) -> str:
 
 def _read_holder(fs: Any, path: str) -> tuple[str, bool]:
     """Who holds the lock object at ``path``, in words, and whether it is a process of
-    this host that is no longer running.  The object is never removed here: a process
+    this host (and boot, and pid namespace) that is no longer running.  The object is never removed here: a process
     of another host cannot be checked, and two waiters that each removed a lock they
     found stale could remove one another's new lock."""
     try:
         doc = json.loads(fs.cat_file(path))
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(doc["since"])))
         text = f"held by pid {doc['pid']} on {doc['host']} since {since}"
-        return text, doc["host"] == socket.gethostname() and not _running(int(doc["pid"]))
+        here = _where()
+        mine = doc["host"] == socket.gethostname() and len(here) == 2
+        mine = mine and all(doc.get(k) == v for k, v in here.items())
+        return text, mine and not _running(int(doc["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown", False
 

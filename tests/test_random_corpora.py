@@ -3,7 +3,8 @@ orders, HDF5 filters, never-written regions, short and long recordings) converte
 random chunking and packing, read with random cache settings through every read path
 (one process, a modelled remote origin, several processes at once through one node
 cache), converted in parts with appends, converted or appended with a kill -9 at a
-random moment and run again, read after a reader was killed mid-write into the
+random moment and run again (on a local S3 endpoint too, where the killed run's lock
+must be named at once), read after a reader was killed mid-write into the
 tiers, and files with odd HDF5 features (arrays in some groups, links, dimension
 scales, compound tables, virtual and external datasets, NaN attributes) converted,
 appended to and read back from a local S3 endpoint: every value equals h5py's.  Runs of
@@ -26,10 +27,11 @@ from conftest import PYTHON, REPO, subprocess_env
         ["appends", "--seeds", "0:6"],
         ["ranks", "--seeds", "0:2", "--remote"],
         ["kills", "--seeds", "61:65"],
+        ["kills", "--seeds", "2:5", "--s3"],
         ["reader-kills", "--seeds", "0:4"],
         ["odd", "--seeds", "0:6", "--s3"],
     ],
-    ids=["reads", "remote", "appends", "ranks", "kills", "reader_kills", "odd"],
+    ids=["reads", "remote", "appends", "ranks", "kills", "kills_s3", "reader_kills", "odd"],
 )
 def test_random_corpora_read_back_as_h5py_reads_them(args, tmp_path):
     out = subprocess.run(

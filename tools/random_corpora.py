@@ -405,11 +405,17 @@ def appends(seed: int, where: str, remote: bool) -> str:
     return f"{len(want)} items from {len(files)} files, {first} converted, dev only {dev_only}"
 
 
-def _stored_items(store: str) -> Data:
+def _stored_items(store: str, storage_options: dict[str, Any] | None = None) -> Data:
     """Every item of ``store`` whole, by name (an item twice fails)."""
     import zstore
 
-    ds = zstore.WindowDataset(store, window_seconds=None, fields=["wav", "act"], cache=False)
+    ds = zstore.WindowDataset(
+        store,
+        window_seconds=None,
+        fields=["wav", "act"],
+        cache=False,
+        storage_options=storage_options,
+    )
     got: Data = {}
     for i in range(len(ds)):
         w = ds[i]
@@ -419,13 +425,19 @@ def _stored_items(store: str) -> Data:
 
 
 def _files_in(path: str) -> int:
+    if path.startswith("s3://"):  # a store on the local S3 endpoint (--s3)
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path, **(random_odd.S3_OPTIONS or {}))
+        fs.invalidate_cache()  # s3fs keeps listings: a count must see new objects
+        return len(fs.find(root))
     return sum(len(names) for _, _, names in os.walk(path))
 
 
 def _killed_run(code: str, into: str | list[str], after: float) -> str:
     """Run ``code`` in a process of its own and kill it (SIGKILL, its process group)
-    ``after`` seconds after it first writes a file under ``into`` (a directory, or
-    several); what happened, in words."""
+    ``after`` seconds after it first writes a file under ``into`` (a directory or an S3
+    URL, or several); what happened, in words."""
     paths = [into] if isinstance(into, str) else into
     before = sum(_files_in(p) for p in paths)
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
@@ -441,48 +453,77 @@ def _killed_run(code: str, into: str | list[str], after: float) -> str:
         return f"killed {after:.2f} s into its writes ({now - before} files)"
 
 
+def _stale_lock_named(store: str, code: str) -> bool:
+    """On S3: a run after a kill names the lock the killed process left (at once, it is
+    of this host) and that object is then deleted, as its error says to; whether there
+    was one."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(store, **(random_odd.S3_OPTIONS or {}))
+    fs.invalidate_cache()
+    if not fs.exists(f"{root}/zstore.lock"):
+        return False
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode != 0 and "no longer running" in run.stderr, run.stderr[-3000:]
+    fs.rm_file(f"{root}/zstore.lock")
+    return True
+
+
 def kills(seed: int, where: str, remote: bool) -> str:
     """A conversion or an append killed (SIGKILL, its process group) at a random moment
     once it writes (and its rerun, now and then, too), then run again to its end: the
-    store holds every item once, equal to its source."""
+    store holds every item once, equal to its source.  ``--s3``: the store on the local
+    S3 endpoint for 7 seeds in 10, where a killed run leaves its lock object: the next
+    run must name it at once, and it is deleted as the error says."""
     rng = np.random.default_rng(seed)
     files = []
     for k in range(2):
         path = os.path.join(where, f"f{k}.h5")
         files.append((path, _recordings(rng, path, f"u{k}_")))
-    store = os.path.join(where, "store.zarr")
+    so = random_odd.on_s3(rng, seed)
+    store = so.get("store") or os.path.join(where, "store.zarr")
+    options = f", storage_options={so['storage_options']!r}" if so else ""
     workers = int(rng.integers(1, 3))
     append = bool(rng.random() < 0.5)
     args = (
         f"zstore.append({files[1][0]!r}, {store!r}, rates={{'wav': 16000, 'act': 100}}, "
-        f"workers={workers}, progress=False)"
+        f"workers={workers}, progress=False{options})"
         if append
         else f"zstore.convert({[p for p, _ in files]!r}, {store!r}, rates={{'wav': 16000, "
-        f"'act': 100}}, workers={workers}, progress=False, pack_seconds=0)"
+        f"'act': 100}}, workers={workers}, progress=False, pack_seconds=0{options})"
     )
     if append:
         import zstore
 
         zstore.convert(
-            files[0][0], store, rates={"wav": 16000, "act": 100}, workers=1, progress=False
+            files[0][0],
+            store,
+            rates={"wav": 16000, "act": 100},
+            workers=1,
+            progress=False,
+            storage_options=so.get("storage_options"),
         )
     code = f"import zstore; {args}"
-    killed = [_killed_run(code, store, float(rng.uniform(0.0, 0.12)))]
+    span = 2.0 if so else 0.12  # on S3 the lock is written long before the items
+    killed = [_killed_run(code, store, float(rng.uniform(0.0, span)))]
+    stale = so and _stale_lock_named(store, code)
     if rng.random() < 0.3:  # the rerun killed too
-        killed.append(_killed_run(code, store, float(rng.uniform(0.0, 0.12))))
+        killed.append(_killed_run(code, store, float(rng.uniform(0.0, span))))
+        stale = (so and _stale_lock_named(store, code)) or stale
     # its workers went with it (its process group); the rerun takes the store's lock
     rerun = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     want = {}
     for k, (_, data) in enumerate(files):  # one file converted: items named by group
         want.update(data if append else {f"f{k}/{g}": v for g, v in data.items()})
-    got = _stored_items(store)
+    got = _stored_items(store, so.get("storage_options"))
     assert set(got) == set(want), ("items", sorted(set(want) ^ set(got)))
     for item, arrays in want.items():
         for name in ("wav", "act"):
             assert np.array_equal(got[item][name], arrays[name]), (item, name)
     what = "append" if append else "convert"
-    return f"{what} of {len(want)} items, {workers} worker(s), {'; '.join(killed)}; run again"
+    on = f", on S3{' (its lock left, named, deleted)' if stale else ''}" if so else ""
+    return f"{what} of {len(want)} items, {workers} worker(s){on}, {'; '.join(killed)}; run again"
 
 
 def reader_kills(seed: int, where: str, remote: bool) -> str:

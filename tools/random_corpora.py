@@ -272,7 +272,7 @@ def _rank(args: tuple[Any, ...]) -> int:
 
     import zstore
 
-    store, data, layout, cache, window, per_item, seed, mode, latency, barrier = args
+    store, data, layout, cache, window, per_item, seed, mode, latency, so, barrier = args
     warnings.simplefilter("ignore")  # as in the main process
     from zstore.testing import ModelledFileSystem
 
@@ -284,6 +284,7 @@ def _rank(args: tuple[Any, ...]) -> int:
         cache=zstore.CacheConfig(**cache) if cache else False,
         fields=["wav", "act"],
         origin_fs=ModelledFileSystem(latency=latency) if latency else None,
+        storage_options=so,
     )
     barrier.wait()
     n = 0
@@ -308,27 +309,32 @@ def _rank(args: tuple[Any, ...]) -> int:
 
 def ranks(seed: int, where: str, remote: bool) -> str:
     """2-3 spawned processes read one store through one node cache at once (with
-    ``remote``, from a modelled origin for 7 seeds in 10: the SSD tier in use)."""
+    ``remote``, from a modelled origin for 7 seeds in 10: the SSD tier in use; with
+    ``--s3``, 7 stores in 10 on the local S3 endpoint)."""
     rng = np.random.default_rng(seed)
-    _, store, data, layout, _ = _converted(rng, where)
+    so = random_odd.on_s3(rng, seed)
+    _, store, data, layout, _ = _converted(rng, where, **so)
     cache = _cache_options(rng, where) or _cache_options(np.random.default_rng(seed + 1), where)
     window = float(rng.choice([0.5, 2.0, 6.0]))
     per_item = int(rng.integers(1, 4))
     n = int(rng.integers(2, 4))
     modes = [str(rng.choice(["loader", "dataloader", "items"])) for _ in range(n)]
-    latency = float(rng.choice([0.0002, 0.003])) if remote and rng.random() < 0.7 else 0.0
+    latency = (
+        float(rng.choice([0.0002, 0.003])) if remote and not so and rng.random() < 0.7 else 0.0
+    )
+    options = so.get("storage_options")
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(n)
         jobs = [
             (store, data, layout, cache, window, per_item, seed * 10 + p % 2, modes[p], latency)
-            + (barrier,)
+            + (options, barrier)
             for p in range(n)
         ]
         with cf.ProcessPoolExecutor(n, mp_context=ctx) as pool:
             counts = list(pool.map(_rank, jobs, timeout=600))
     _no_corrupt(cache)
-    origin = f"latency {latency}" if latency else "local"
+    origin = f"latency {latency}" if latency else "s3" if so else "local"
     return f"windows {counts} ({modes}); {layout}, {_tiers(cache)}, {origin}, window {window}"
 
 
@@ -360,12 +366,14 @@ def appends(seed: int, where: str, remote: bool) -> str:
     for k in range(int(rng.integers(1, 4))):
         path = os.path.join(where, f"f{k}.h5")
         files.append((path, _recordings(rng, path, f"u{k}_")))
-    store = os.path.join(where, "store.zarr")
+    so = random_odd.on_s3(rng, seed)
+    store = so.pop("store", os.path.join(where, "store.zarr"))
     options: dict[str, Any] = {
         "rates": {"wav": 16000, "act": 100},
         "workers": int(rng.integers(1, 3)),
         "progress": False,
         "chunk_seconds": float(rng.choice([0.5, 1.0])),
+        **so,
     }
     first = int(rng.integers(1, len(files) + 1))
     several = first > 1
@@ -392,7 +400,7 @@ def appends(seed: int, where: str, remote: bool) -> str:
         for _ in range(int(rng.integers(1, 3))):  # again: "already in the store"
             zstore.append(files[k][0], store, **options)
         add(k)
-    ds = zstore.WindowDataset(store, window_seconds=None, fields=["wav", "act"], cache=False)
+    ds = zstore.WindowDataset(store, window_seconds=None, fields=["wav", "act"], cache=False, **so)
     seen: set[str] = set()
     for i in range(len(ds)):
         w = ds[i]
@@ -402,7 +410,8 @@ def appends(seed: int, where: str, remote: bool) -> str:
         for name in ("wav", "act"):
             assert np.array_equal(w[name].numpy(), want[w["item"]][name]), (w["item"], name)
     assert seen == set(want), ("missing", sorted(set(want) - seen))
-    return f"{len(want)} items from {len(files)} files, {first} converted, dev only {dev_only}"
+    on = ", on S3" if so else ""
+    return f"{len(want)} items from {len(files)} files{on}, {first} converted, dev only {dev_only}"
 
 
 def _stored_items(store: str, storage_options: dict[str, Any] | None = None) -> Data:
@@ -534,14 +543,20 @@ def reader_kills(seed: int, where: str, remote: bool) -> str:
     from zstore.testing import ModelledFileSystem
 
     rng = np.random.default_rng(seed)
-    _, store, data, layout, _ = _converted(rng, where)
+    so = random_odd.on_s3(rng, seed)
+    _, store, data, layout, _ = _converted(rng, where, **so)
     cache = _cache_options(rng, where) or _cache_options(np.random.default_rng(seed + 1), where)
     if cache is None:
         cache = {"ram_dir": os.path.join(where, "ram"), "ram_bytes": "64MB"}
     window = float(rng.choice([0.5, 2.0, 6.0]))
     per_item = int(rng.integers(1, 4))
     latency = float(rng.choice([0.0, 0.0002]))  # a modelled origin: the SSD tier in use
-    settings = f"window_seconds={window}, windows_per_item={per_item}, fields=['wav', 'act']"
+    latency = 0.0 if so else latency  # S3 is remote already
+    options = so.get("storage_options")
+    settings = (
+        f"window_seconds={window}, windows_per_item={per_item}, fields=['wav', 'act'], "
+        f"storage_options={options!r}"
+    )
     code = (
         "import warnings; warnings.simplefilter('ignore')\n"
         "import zstore\n"
@@ -565,6 +580,7 @@ def reader_kills(seed: int, where: str, remote: bool) -> str:
         cache=zstore.CacheConfig(**cache),
         fields=["wav", "act"],
         origin_fs=ModelledFileSystem(latency=latency) if latency else None,
+        storage_options=options,
     )
     n = 0
     for epoch, batch in ((0, 4), (1, 0), (2, 3), (3, 0)):
@@ -572,7 +588,7 @@ def reader_kills(seed: int, where: str, remote: bool) -> str:
             check_window(w, data, layout)
             n += 1
     assert ds.settle(timeout=120)
-    origin = f"latency {latency}" if latency else "local"
+    origin = f"latency {latency}" if latency else "s3" if so else "local"
     return f"{n} windows after a reader {killed}; {layout}, {_tiers(cache)}, {origin}"
 
 

@@ -373,3 +373,35 @@ def test_a_store_overwritten_under_zarr_reads_through_open_store_never_gives_the
     assert refused > 0
     fresh = zarr.open_group(zstore.open_store(store, cache=cache), mode="r")
     assert round(float(fresh["rec0/wav"][:, :16000].min()) * 32768) == -2000
+
+
+@pytest.mark.parametrize("state", ["removed", "being rewritten", "damaged"])
+def test_a_store_caught_mid_overwrite_is_named_as_replaced_not_damaged(tmp_path, state):
+    """A job whose first read of a shard comes while a conversion with ``--overwrite``
+    has wiped the store (its objects gone) or is rewriting it (a shard cut short, the
+    root rewritten first): its shard-index round reads no root beside it, so the job
+    said "the store is damaged ... restore the object" (MissingDataError, IntegrityError;
+    found by a reader running beside 1,000 overwrites).  The root is checked before
+    such an error: the store was replaced, restart the job.  A shard cut short in a
+    store whose root is unchanged is still damage."""
+    import json
+    import shutil
+
+    _, store = _store_of_a(tmp_path)
+    ds = zstore.WindowDataset(store, window_seconds=1.0, cache=False)  # no shard read yet
+    shard = store / "rec0" / "wav" / "c" / "0" / "0"
+    if state == "removed":
+        shutil.rmtree(store)
+    else:
+        shard.write_bytes(b"")  # a shard object as an overwrite leaves it mid-write
+    if state == "being rewritten":  # the overwrite's new root, with its progress mark
+        meta = json.loads((store / "zarr.json").read_text())
+        meta["attributes"] = {"zstore_convert": {"sources": [], "options": {}}}
+        (store / "zarr.json").write_text(json.dumps(meta))
+    first = next(i for i in range(len(ds)) if ds.locate(i)[0] == "rec0")
+    if state == "damaged":
+        with pytest.raises(zstore.IntegrityError, match="shard index"):
+            ds[first]
+        return
+    with pytest.raises(zstore.StoreReplacedError, match="restart the job"):
+        ds[first]

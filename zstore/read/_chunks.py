@@ -80,6 +80,11 @@ class ChunkSource(OriginFetch, HeldChunks, SlotReads):
         )
 
     def _missing(self, obj: str, what: str) -> MissingDataError:
+        """The error for ``obj`` missing, once the store's root says it is still the
+        store opened: a store removed or replaced under the job (``--overwrite``) is
+        :class:`StoreReplacedError`, raised here, not a damaged store."""
+        if self.check is not None:
+            self.check.now(self.origin)
         return missing_error(self.url, obj, what)
 
     def known_indexes(self, objs: list[str]) -> dict[str, np.ndarray]:
@@ -144,11 +149,22 @@ class ChunkSource(OriginFetch, HeldChunks, SlotReads):
                 if data is None:  # a shard the store never wrote: all fill value
                     index = np.full((layout.chunks_per_shard, 2), EMPTY, dtype=np.uint64)
                 else:
-                    index = decode_index(layout, data, f"{self.url}: {obj} (shard index)")
+                    index = self._index(layout, data, obj)
                 found[obj] = self._indexes[obj] = index
                 if len(self._indexes) > MAX_INDEXES:
                     self._indexes.popitem(last=False)
         return found
+
+    def _index(self, layout: ArrayLayout, data: bytes | memoryview, obj: str) -> np.ndarray:
+        """A shard index decoded; one cut short or damaged is checked against the
+        store's root first (an index round reads no root beside it): a shard being
+        rewritten by a conversion with ``--overwrite`` is :class:`StoreReplacedError`."""
+        try:
+            return decode_index(layout, data, f"{self.url}: {obj} (shard index)")
+        except IntegrityError:
+            if self.check is not None:
+                self.check.now(self.origin)
+            raise
 
     def raw(
         self, need: list[tuple[ArrayLayout, int]], *, ram: bool

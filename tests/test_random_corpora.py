@@ -7,7 +7,9 @@ random moment and run again (on a local S3 endpoint too, where the killed run's 
 must be named at once), read after a reader was killed mid-write into the
 tiers, and files with odd HDF5 features (arrays in some groups, links, dimension
 scales, compound tables, virtual and external datasets, NaN attributes) converted,
-appended to and read back from a local S3 endpoint: every value equals h5py's.  Runs of
+appended to and read back from a local S3 endpoint, and a store overwritten again
+and again under a running job (which must never get the new store's values, and be
+told the store was replaced): every value equals h5py's.  Runs of
 hundreds of seeds are the tool's job; these keep its paths working and catch what a
 change breaks on data shaped unlike the synthetic corpus."""
 
@@ -30,8 +32,19 @@ from conftest import PYTHON, REPO, subprocess_env
         ["kills", "--seeds", "2:5", "--s3"],
         ["reader-kills", "--seeds", "0:4"],
         ["odd", "--seeds", "0:6", "--s3"],
+        ["overwrites", "--seeds", "0:3"],
     ],
-    ids=["reads", "remote", "appends", "ranks", "kills", "kills_s3", "reader_kills", "odd"],
+    ids=[
+        "reads",
+        "remote",
+        "appends",
+        "ranks",
+        "kills",
+        "kills_s3",
+        "reader_kills",
+        "odd",
+        "overwrites",
+    ],
 )
 def test_random_corpora_read_back_as_h5py_reads_them(args, tmp_path):
     out = subprocess.run(

@@ -7,6 +7,7 @@
     python tools/random_corpora.py kills --seeds 0:200            # kill -9, run again
     python tools/random_corpora.py reader-kills --seeds 0:200     # a reader killed
     python tools/random_corpora.py odd --seeds 0:200 [--s3]       # HDF5 as it comes
+    python tools/random_corpora.py overwrites --seeds 0:100       # --overwrite under a job
 
 Each seed writes a small HDF5 file of its own with h5py: 1-6 recordings of 0.05-70 s
 (``wav`` at 16 kHz as channels x samples, samples x channels or mono; int16-valued
@@ -15,7 +16,7 @@ gzip, lzf or fletcher32; part of a chunked dataset never written, read as its fi
 value; ``act`` at 100 frames/s), converts it with random chunk and pack lengths, and
 reads it with random cache settings (none, RAM, SSD, both; every RAM form and fetch
 mode; budgets from 1 MB), window lengths and windows per item, through
-``WindowLoader`` and ``ds[i]`` over several epochs (``--s3``: 7 stores in 10 on a local S3 endpoint).  Every window must equal the
+``WindowLoader`` and ``ds[i]`` over several epochs.  Every window must equal the
 source bit for bit, its padding must be zeros, and no tier may count a corrupt value.
 
 ``ranks`` reads one store from 2-3 processes at once through one node cache
@@ -25,10 +26,13 @@ store once with its values; ``kills`` converts or appends in a process killed wi
 SIGKILL (with its workers) at a random moment once it writes, runs it again, and checks
 the same; ``reader-kills`` kills a process reading through the tiers once it writes
 into them, then reads every window through the same tiers; ``odd`` converts files with
-odd HDF5 features (tools/random_odd.py), on a local S3 endpoint with ``--s3``.  A
-failing seed prints its settings and traceback, and the run exits 1.
-tests/test_random_corpora.py runs a few seeds of each; runs of hundreds found a race
-in a process's first reads and a rerun refused after a kill (CHANGELOG).
+odd HDF5 features (tools/random_odd.py); ``overwrites`` converts a store again and
+again under a running job (tools/random_overwrites.py).  ``--s3`` puts 7 stores in 10
+on a local S3 endpoint (every kind but ``overwrites``).  A failing seed prints its
+settings and traceback, and the run exits 1.  tests/test_random_corpora.py runs a few
+seeds of each; runs of hundreds found a race in a process's first reads, a rerun
+refused after a kill, and a store overwritten under a job named as damaged
+(CHANGELOG).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import random_odd  # noqa: E402
+import random_overwrites  # noqa: E402
 
 Data = dict[str, dict[str, np.ndarray]]
 STORAGE = random_odd.STORAGE
@@ -599,6 +604,7 @@ KINDS: dict[str, Callable[[int, str, bool], str]] = {
     "kills": kills,
     "reader-kills": reader_kills,
     "odd": lambda seed, where, remote: random_odd.odd(seed, where, remote),
+    "overwrites": lambda seed, where, remote: random_overwrites.overwrites(seed, where, remote),
 }
 
 

@@ -524,3 +524,47 @@ def test_a_path_from_the_home_directory(small_h5, tmp_path, monkeypatch):
     assert (tmp_path / "s.zarr" / "zarr.json").exists()
     ds = zstore.WindowDataset("~/s.zarr", window_seconds=1.0, cache=False)
     assert len(ds) == 6 and ds.reader.url == str(tmp_path / "s.zarr")
+
+
+def test_an_overwrite_removes_the_root_before_any_object(small_h5, tmp_path, monkeypatch, s3):
+    """A job reading a store being overwritten must find the root gone (or another
+    store's) before any object it reads is gone: it is then told the store was
+    replaced, not that it is damaged (removed in directory order, a job found a packed
+    shard gone while the root was there; found by tools/random_corpora.py overwrites)."""
+    import shutil
+
+    import fsspec
+
+    from zstore.convert._storelock import wipe
+
+    dst = tmp_path / "s.zarr"
+    zstore.convert(small_h5, dst, rates=RATES, workers=1, progress=False)
+    removed: list[tuple[str, bool]] = []
+    real = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        removed.append((os.path.basename(path), (dst / "zarr.json").exists()))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    wipe(str(dst))
+    assert removed and not any(root_there for _, root_there in removed), removed
+    monkeypatch.undo()
+
+    options, _ = s3
+    url = f"s3://zstore-test/wipe-{tmp_path.name}/s.zarr"
+    zstore.convert(small_h5, url, rates=RATES, workers=1, progress=False, storage_options=options)
+    fs, root = fsspec.core.url_to_fs(url, **options)  # the instance wipe gets too
+    seen: list[bool] = []
+    real_rm = fs.rm  # s3fs sets its sync methods on the instance
+
+    def rm(path, *args, **kwargs):
+        fs.invalidate_cache()
+        seen.append(fs.exists(f"{root}/zarr.json"))
+        return real_rm(path, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "rm", rm)
+    wipe(url, options)
+    assert seen and not any(seen), seen
+    fs.invalidate_cache()
+    assert fs.find(root) == []

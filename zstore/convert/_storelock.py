@@ -118,9 +118,14 @@ def _flock(path: str) -> int:
 
 def wipe(dst: str, storage_options: dict[str, Any] | None = None) -> None:
     """Delete everything in the store at ``dst`` but its lock (``--overwrite``): a writer
-    waiting for the lock keeps waiting on the same lock."""
+    waiting for the lock keeps waiting on the same lock.  The root ``zarr.json`` goes
+    first: a job reading the store finds it gone before any object it reads is gone,
+    and is told the store was replaced, not that it is damaged (deleted in directory
+    order, the job found a shard gone while the root was still there)."""
     if not is_url(dst):
         root = os.path.abspath(local_path(dst))
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            os.unlink(os.path.join(root, "zarr.json"))
         for entry in os.scandir(root) if os.path.isdir(root) else []:
             if entry.name == LOCK_NAME:
                 continue
@@ -136,7 +141,11 @@ def wipe(dst: str, storage_options: dict[str, Any] | None = None) -> None:
         children = fs.ls(path, detail=False, refresh=True)
     except FileNotFoundError:
         return
-    doomed = [c for c in children if c.rstrip("/").rsplit("/", 1)[-1] != LOCK_NAME]
+    names = {c: c.rstrip("/").rsplit("/", 1)[-1] for c in children}
+    for c, name in names.items():
+        if name == "zarr.json":  # first, as above
+            fs.rm_file(c)
+    doomed = [c for c, name in names.items() if name not in (LOCK_NAME, "zarr.json")]
     if doomed:
         fs.rm(doomed, recursive=True)
 

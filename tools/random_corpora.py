@@ -28,7 +28,7 @@ the same; ``reader-kills`` kills a process reading through the tiers once it wri
 into them, then reads every window through the same tiers; ``odd`` converts files with
 odd HDF5 features (tools/random_odd.py); ``overwrites`` converts a store again and
 again under a running job (tools/random_overwrites.py).  ``--s3`` puts 7 stores in 10
-on a local S3 endpoint (every kind but ``overwrites``).  A failing seed prints its
+on a local S3 endpoint.  A failing seed prints its
 settings and traceback, and the run exits 1.  tests/test_random_corpora.py runs a few
 seeds of each; runs of hundreds found a race in a process's first reads, a rerun
 refused after a kill, and a store overwritten under a job named as damaged

@@ -72,31 +72,37 @@ def _reads_back(store: str, data: dict, **so) -> None:
             assert np.array_equal(w[name].numpy(), data[w["item"]][name]), (w["item"], name)
 
 
-def test_tidy_removes_replaced_tables_older_than_the_age_only(tmp_path):
+def _in_order(store: Path) -> list[str]:
+    """The store's tables, oldest first (as the appends wrote them)."""
+    return sorted(_tables(store), key=lambda t: (store / t / "zarr.json").stat().st_mtime_ns)
+
+
+def test_tidy_removes_tables_replaced_longer_ago_than_the_age_only(tmp_path):
     store, data = _appended_store(tmp_path)
     root = Path(store)
-    tables = _tables(root)
+    tables = _in_order(root)
     current = _current(root)
-    assert len(tables) == 4 and current in tables  # each append left the one before
-    old = [t for t in tables if t != current]
+    assert len(tables) == 4 and tables[-1] == current  # each append left the one before
 
-    report = zstore.tidy(store)  # all written just now: a running job may read them
-    assert report.tables == [] and sorted(report.kept_young) == old
-    assert _tables(root) == tables
+    report = zstore.tidy(store)  # all replaced just now: a running job may read them
+    assert report.tables == [] and sorted(report.kept_young) == sorted(tables[:3])
+    assert sorted(_tables(root)) == sorted(tables)
 
-    _age(root, old[0], WEEK + 60)
-    _age(root, old[1], WEEK + 60)
-    _age(root, current, 30 * 86400)  # the one the root names stays, however old
+    # converted 30 days ago, appended to 20, 10 and 2 days ago: the second table was
+    # replaced 10 days ago, the third only 2 days ago though written 10 days ago (a
+    # job opened last week reads it)
+    for table, days in zip(tables, (30, 20, 10, 2)):
+        _age(root, table, days * 86400)
     dry = zstore.tidy(store, dry_run=True)
-    assert sorted(dry.tables) == sorted(old[:2]) and dry.nbytes > 0
-    assert _tables(root) == tables  # a dry run removes nothing
+    assert sorted(dry.tables) == sorted(tables[:2]) and dry.nbytes > 0
+    assert sorted(_tables(root)) == sorted(tables)  # a dry run removes nothing
     report = zstore.tidy(store)
-    assert sorted(report.tables) == sorted(old[:2]) and report.kept_young == [old[2]]
+    assert sorted(report.tables) == sorted(tables[:2]) and report.kept_young == [tables[2]]
     assert "removed 2 old item table(s)" in str(report)
-    assert _tables(root) == sorted([current, old[2]])
+    assert sorted(_tables(root)) == sorted(tables[2:])
     _reads_back(store, data)
-    assert zstore.tidy(store, older_than="0s").tables == [old[2]]  # "7d", "12h", seconds
-    assert _tables(root) == [current]
+    assert zstore.tidy(store, older_than="1d").tables == [tables[2]]  # "7d", "12h", seconds
+    assert _tables(root) == [current]  # the one the root names stays, however old
     assert zstore.tidy(store, older_than=0).tables == []  # a rerun finds nothing more
     _reads_back(store, data)
 
@@ -195,7 +201,7 @@ def test_the_tidy_command(tmp_path):
     assert "zstore_items_" in out.stdout.splitlines()[1]
     out = cli("tidy", store)
     assert out.returncode == 0 and "removed 0 old item table(s)" in out.stdout
-    assert "kept 1 replaced table(s)" in out.stdout
+    assert "kept 1 table(s) replaced more recently" in out.stdout
     assert_one_line_error(cli("tidy", store, "--older-than", "3x"), "--older-than '3x'")
     assert_one_line_error(cli("tidy", str(tmp_path / "none.zarr")), "no store there")
 

@@ -500,9 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--older-than",
         default="7d",
-        help="remove replaced item tables last written longer ago than this (7d): "
-        "a job that opened the store before an append reads its old table in every "
-        "DataLoader worker it starts, so give the longest a job may run",
+        help="remove item tables replaced longer ago than this (7d): a job that "
+        "opened the store before an append reads its old table in every DataLoader "
+        "worker it starts, so give the longest a job may run",
     )
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     _remote_options(p)

@@ -207,9 +207,9 @@ def _first_line(e: BaseException) -> str:
 
 def _read_holder(fs: Any, path: str) -> tuple[str, bool]:
     """Who holds the lock object at ``path``, in words, and whether it is a process of
-    this host (and boot, and pid namespace) that is no longer running.  The object is never removed here: a process
-    of another host cannot be checked, and two waiters that each removed a lock they
-    found stale could remove one another's new lock."""
+    this host (and boot, and pid namespace) that is no longer running.  The object is
+    never removed here: a process of another host cannot be checked, and two waiters
+    that each removed a lock they found stale could remove one another's new lock."""
     try:
         doc = json.loads(fs.cat_file(path))
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(doc["since"])))

@@ -11,8 +11,9 @@ killed while publishing, a table no root ever named.
 :func:`tidy` removes, under the store's write lock (so no conversion or append writes
 meanwhile):
 
-- item tables the store's root does not name, last written more than ``older_than``
-  seconds ago (default a week: give the longest a job reading the store may run);
+- item tables the store's root does not name, replaced more than ``older_than``
+  seconds ago (when the table after each was written; default a week: give the
+  longest a job reading the store may run);
 - the temporary files of unfinished writes (local stores; an object store's writes are
   whole).
 
@@ -60,9 +61,9 @@ class TidyReport:
         ]
         if self.kept_young:
             parts.append(
-                f"kept {len(self.kept_young)} replaced table(s) younger than the "
-                "--older-than age (a job that opened the store before its last "
-                "append may still read them)"
+                f"kept {len(self.kept_young)} table(s) replaced more recently than "
+                "--older-than (a job that opened the store before they were replaced "
+                "may still read them)"
             )
         return "; ".join(parts)
 
@@ -75,7 +76,7 @@ def tidy(
     storage_options: dict[str, Any] | None = None,
 ) -> TidyReport:
     """Remove the item tables a finished store's root no longer names and that were
-    last written more than ``older_than`` ago (seconds, or ``"7d"``, ``"12h"``), and the
+    replaced more than ``older_than`` ago (seconds, or ``"7d"``, ``"12h"``), and the
     temporary files of writes a killed converter left (see the module); ``dry_run``:
     only say what would go.  Holds the store's write lock, so it waits for a
     conversion or append."""
@@ -87,11 +88,9 @@ def tidy(
     with store_lock(dst, storage_options):
         current = _current_table(fs, root, dst)
         now = time.time()
-        for name in _children(fs, root):
-            if not _TABLE.fullmatch(name) or name == current:
-                continue
+        for name, replaced in _replaced_tables(fs, root, current):
             path = f"{root}/{name}"
-            if now - _modified(fs, f"{path}/zarr.json") < age:
+            if now - replaced < age:
                 report.kept_young.append(name)
                 continue
             report.tables.append(name)
@@ -138,8 +137,22 @@ def _current_table(fs: Any, root: str, dst: str) -> str | None:
     return str(table) if table else None
 
 
-def _children(fs: Any, root: str) -> list[str]:
-    return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False, refresh=True)]
+def _replaced_tables(fs: Any, root: str, current: str | None) -> list[tuple[str, float]]:
+    """The item tables other than ``current``, each with when it was replaced: when the
+    table after it was written (a job that opened the store until then reads it),
+    or, for one written after every other (a publish that never finished), when it
+    was written itself."""
+    names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False, refresh=True)]
+    written = sorted(
+        (_modified(fs, f"{root}/{name}/zarr.json"), name)
+        for name in names
+        if _TABLE.fullmatch(name)
+    )
+    out = []
+    for i, (when, name) in enumerate(written):
+        if name != current:
+            out.append((name, written[i + 1][0] if i + 1 < len(written) else when))
+    return out
 
 
 def _modified(fs: Any, path: str) -> float:

@@ -12,14 +12,21 @@ with random odd features:
 - a group hard-linked under a second name (converted once, under the first name in name
   order), a soft link to a group, a dangling external link;
 - a subgroup of features (``feats/mfcc``, frames first: ``--subgroups arrays``);
+- int32 ``phones`` and bool ``vad`` at 100 frames/s, a compound ``segments`` table
+  (one array per field), a complex64 array stored whole;
+- ``wav`` as a virtual dataset joining two halves in another file, ``act`` in external
+  raw storage;
+- HDF5 filters and chunking on the datasets (gzip, lzf, fletcher32);
 - attributes with NaN, infinity, text, arrays and no value (``h5py.Empty``), and a
-  rate attribute ``sr`` on ``wav``.
+  rate attribute ``sr`` on ``wav``;
+- now and then a second file of the same kind appended (twice: the rerun adds nothing).
 
 The store must hold exactly the recordings (one per hard-linked group) and, for each, its
 numeric datasets, each read whole through ``WindowDataset(window_seconds=None)`` equal to
-h5py bit for bit; ``items=`` callables see the NaN attribute as NaN; windows of ``wav``
-and ``act`` (and ``label``, stacked) read through random tiers with ``WindowLoader`` and
-``ds[i]`` equal their source.
+h5py bit for bit (dtype and shape included); ``items=`` callables see the NaN and
+infinite attributes as floats; windows of ``wav`` and ``act`` (and ``label``, stacked)
+read through random tiers with ``WindowLoader`` and ``ds[i]`` equal their source.
+``--s3`` puts 7 stores in 10 on the local S3 endpoint.
 """
 
 from __future__ import annotations

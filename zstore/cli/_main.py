@@ -500,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--older-than",
         default="7d",
+        metavar="AGE",
         help="remove item tables replaced longer ago than this (7d): a job that "
         "opened the store before an append reads its old table in every DataLoader "
         "worker it starts, so give the longest a job may run",

@@ -405,3 +405,23 @@ def test_a_store_caught_mid_overwrite_is_named_as_replaced_not_damaged(tmp_path,
         return
     with pytest.raises(zstore.StoreReplacedError, match="restart the job"):
         ds[first]
+
+
+def test_a_store_overwritten_while_it_is_opened_is_named_as_replaced(tmp_path):
+    """A job (or a DataLoader worker given its parent's view) that read the root of a
+    store being overwritten, then found the item table it names gone, was told the
+    table is missing and to restore it from a good copy (found by
+    tools/random_corpora.py overwrites).  The root is read again: another store there,
+    or none finished, is StoreReplacedError."""
+    import pickle
+
+    b, store = _store_of_a(tmp_path)
+    ds = zstore.WindowDataset(store, window_seconds=1.0, cache=False)
+    pickled = pickle.dumps(ds)  # the root's view, as a worker gets it
+    zstore.convert(b, store, rates={"wav": 16000}, progress=False, overwrite=True)
+    with pytest.raises(zstore.StoreReplacedError, match="replaced while it was opened or read"):
+        pickle.loads(pickled)[0]
+    table = next(store.glob("zstore_items_*")) / "c" / "0"
+    table.unlink()  # the root unchanged: the store is damaged
+    with pytest.raises(zstore.StoreFormatError, match="item table is missing; restore"):
+        zstore.WindowDataset(store, window_seconds=1.0, cache=False)

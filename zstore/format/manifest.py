@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c
 
-from zstore.errors import StoreFormatError
+from zstore.errors import StoreFormatError, StoreReplacedError
 from zstore.format._table import pack
 from zstore.format.layout import (
     MANIFEST_ATTR,
@@ -230,12 +230,41 @@ def load_table(
             return _mapped_checked(copy, where)
         return view
     except FileNotFoundError:
-        raise StoreFormatError(
-            f"{where}: the item table is missing. If the store was appended to since "
-            "this job opened it, 'zstore tidy' removed the table the job reads: restart "
-            "the job (and give tidy an --older-than longer than your jobs run); else "
-            "restore the table from a good copy or reconvert the store"
+        raise TableMissingError(
+            f"{where}: the item table is missing; restore it from a good copy or "
+            "reconvert the store"
         ) from None
+
+
+class TableMissingError(StoreFormatError):
+    """A store's item table is missing (:func:`read_manifest` says why, where it can)."""
+
+
+def _table_gone(origin: Origin, url: str, store_id: str, table: str) -> None:
+    """Raise :class:`StoreReplacedError` where the item table ``table`` of store
+    ``store_id`` is missing because the store changed since its root was read: replaced
+    or being replaced (``--overwrite``), or appended to and the table then removed by
+    ``zstore tidy``.  Returns where the root still names that table (the store is
+    damaged)."""
+    try:
+        now = read_root(origin, url).get("attributes", {})
+    except StoreFormatError:
+        now = {}
+    header = now.get(MANIFEST_ATTR)
+    header = header if isinstance(header, dict) else {}
+    if str(header.get("store_id", "")) != store_id:
+        raise StoreReplacedError(
+            f"{url}: the store was replaced while it was opened or read (its item table "
+            f"{table} is gone, and the root now names "
+            f"{'store ' + str(header['store_id']) if header.get('store_id') else 'no finished store'}"
+            "; a conversion with --overwrite?): open it again, or restart the job"
+        )
+    if str(header.get("table", "")) != table:
+        raise StoreReplacedError(
+            f"{url}: the store was appended to since this job opened it, and the item "
+            f"table the job reads ({table}) was removed ('zstore tidy'): restart the job, "
+            "and give tidy an --older-than longer than your jobs run"
+        )
 
 
 def _write_copy(
@@ -290,9 +319,13 @@ def read_manifest(
     store_id = str(data.get("store_id", "")) if isinstance(data, dict) else ""
 
     def table(key: str) -> memoryview:
-        return load_table(
-            origin, url, f"{key}/c/0", tables(store_id) if tables else None, store_id, open_file
-        )
+        try:
+            return load_table(
+                origin, url, f"{key}/c/0", tables(store_id) if tables else None, store_id, open_file
+            )
+        except TableMissingError:
+            _table_gone(origin, url, store_id, key)  # raises where the store changed
+            raise
 
     manifest = Manifest.from_json(data, url, table=table)
     consolidated = (meta.get("consolidated_metadata") or {}).get("metadata", {})

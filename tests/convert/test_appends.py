@@ -451,22 +451,14 @@ def test_a_lock_on_s3_left_by_a_killed_writer_of_this_host_is_named_at_once(tmp_
     import fsspec
 
     from zstore.convert._storelock import store_lock
+    from zstore.processes import boot_and_namespace
 
     options, _ = s3
     url = f"s3://zstore-test/lock-{tmp_path.name}/s.zarr"
     fs, root = fsspec.core.url_to_fs(url, **options)
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    from zstore.convert._storelock import _where
 
-    lock = {"host": socket.gethostname(), "pid": int(dead.stdout), "since": 0, **_where()}
-    fs.pipe_file(f"{root}/zstore.lock", json.dumps(lock).encode())
-    with pytest.raises(zstore.DestinationError, match="no longer running") as err:
-        zstore.convert(
+    def convert():
+        return zstore.convert(
             small_h5,
             url,
             rates={"wav": 16000, "act": 100},
@@ -474,25 +466,33 @@ def test_a_lock_on_s3_left_by_a_killed_writer_of_this_host_is_named_at_once(tmp_
             progress=False,
             storage_options=options,
         )
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lock = {
+        "host": socket.gethostname(),
+        "pid": int(dead.stdout),
+        "since": 0,
+        **boot_and_namespace(),
+    }
+    fs.pipe_file(f"{root}/zstore.lock", json.dumps(lock).encode())
+    with pytest.raises(zstore.DestinationError, match="no longer running") as err:
+        convert()
     assert f"{url}/zstore.lock" in str(err.value) and f"pid {dead.stdout.strip()}" in str(err.value)
     assert fs.exists(f"{root}/zstore.lock")  # left for a person to remove
-    other = {**lock, "pid_ns": "pid:[1]"}  # the same name, another container: not judged
-    fs.pipe_file(f"{root}/zstore.lock", json.dumps(other).encode())
-    with pytest.raises(zstore.DestinationError, match="another conversion or append holds"):
-        with store_lock(url, options, wait=0.3):
-            pass
-    lock["pid"] = os.getpid()  # a running process: waited for, then named
-    fs.pipe_file(f"{root}/zstore.lock", json.dumps(lock).encode())
-    with pytest.raises(zstore.DestinationError, match="another conversion or append holds"):
-        with store_lock(url, options, wait=0.3):
-            pass
+    held = [
+        {**lock, "pid_ns": "pid:[1]"},  # the same name, another container: not judged
+        {**lock, "pid": os.getpid()},  # a running process: waited for, then named
+    ]
+    for holder in held:
+        fs.pipe_file(f"{root}/zstore.lock", json.dumps(holder).encode())
+        with pytest.raises(zstore.DestinationError, match="another conversion or append holds"):
+            with store_lock(url, options, wait=0.3):
+                pass
     fs.rm_file(f"{root}/zstore.lock")
-    report = zstore.convert(
-        small_h5,
-        url,
-        rates={"wav": 16000, "act": 100},
-        workers=1,
-        progress=False,
-        storage_options=options,
-    )
+    report = convert()
     assert report.converted == report.items > 0

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from zstore.cache.files import fix_file, open_file
-from zstore.cache.first_reads import alive
 from zstore.cache.ownership import make_dir
+from zstore.processes import alive
 
 TIERS = ("ram", "ssd")
 TIER_FIELDS = (

@@ -14,17 +14,7 @@ import os
 
 from zstore.cache.files import open_file
 from zstore.cache.ownership import make_dir
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+from zstore.processes import alive
 
 
 class FirstReads:

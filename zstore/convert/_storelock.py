@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from zstore.errors import DestinationError
+from zstore.processes import alive, boot_and_namespace
 from zstore.urls import is_url, local_path
 
 LOCK_NAME = "zstore.lock"
@@ -44,18 +45,12 @@ REMOTE_WAIT = 600.0
 
 
 def _holder() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), **_where()}
-
-
-def _where() -> dict[str, str]:
-    """This process's boot and pid namespace (Linux): two containers may share a host
-    name, but a pid is only checked where both match."""
-    out = {}
-    with contextlib.suppress(OSError):
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            out["boot"] = f.read().strip()
-        out["pid_ns"] = os.readlink("/proc/self/ns/pid")
-    return out
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.time(),
+        **boot_and_namespace(),
+    }
 
 
 @contextlib.contextmanager
@@ -214,22 +209,9 @@ def _read_holder(fs: Any, path: str) -> tuple[str, bool]:
         doc = json.loads(fs.cat_file(path))
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(doc["since"])))
         text = f"held by pid {doc['pid']} on {doc['host']} since {since}"
-        here = _where()
+        here, pid = boot_and_namespace(), int(doc["pid"])
         mine = doc["host"] == socket.gethostname() and len(here) == 2
         mine = mine and all(doc.get(k) == v for k, v in here.items())
-        return text, mine and not _running(int(doc["pid"]))
+        return text, mine and pid > 0 and not alive(pid)  # <= 0: not a pid written here
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown", False
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (one of another user counts)."""
-    if pid <= 0:
-        return True  # not a pid this code writes: assume it runs
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 from conftest import assert_one_line_error, cli, write_h5
@@ -222,3 +224,34 @@ def test_parse_duration_rejects(bad):
 
     with pytest.raises(zstore.ConfigError, match="--older-than"):
         parse_duration(bad, name="--older-than")
+
+
+def test_a_table_a_killed_publish_cut_short_is_dated_by_its_data(tmp_path, monkeypatch):
+    """A publish writes a table's data, then its metadata: killed between the two, it
+    leaves a table of no ``zarr.json``, newer than every other.  It is dated by its
+    data (it counted as written at time 0, the oldest, took the replacement time of
+    the table after it, and went at once), and goes once that is older than the age.  A file system that
+    cannot say when objects were written stops tidy before anything is removed (every
+    table was taken for old)."""
+    store, data = _appended_store(tmp_path, appends=1)
+    root = Path(store)
+    old, current = _in_order(root)
+    _age(root, old, 30 * 86400)
+    _age(root, current, 20 * 86400)
+    cut = root / "zstore_items_0123456789ab"
+    shutil.copytree(root / old / "c", cut / "c")  # its data, no metadata
+    _age(root, cut.name, 2 * 86400)
+    report = zstore.tidy(store)  # the cut table is 2 days old, replaced by none
+    assert report.tables == [old] and report.kept_young == [cut.name]
+    assert zstore.tidy(store, older_than="1d").tables == [cut.name]
+    _reads_back(store, data)
+
+    fs = fsspec.filesystem("file")
+
+    def unknown(self, path):
+        raise NotImplementedError
+
+    monkeypatch.setattr(type(fs), "modified", unknown)
+    with pytest.raises(zstore.DestinationError, match="does not say when an object was written"):
+        zstore.tidy(store, older_than=0)
+    assert _tables(root) == [current]

@@ -144,9 +144,7 @@ def _replaced_tables(fs: Any, root: str, current: str | None) -> list[tuple[str,
     was written itself."""
     names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False, refresh=True)]
     written = sorted(
-        (_modified(fs, f"{root}/{name}/zarr.json"), name)
-        for name in names
-        if _TABLE.fullmatch(name)
+        (_written(fs, f"{root}/{name}"), name) for name in names if _TABLE.fullmatch(name)
     )
     out = []
     for i, (when, name) in enumerate(written):
@@ -155,12 +153,23 @@ def _replaced_tables(fs: Any, root: str, current: str | None) -> list[tuple[str,
     return out
 
 
-def _modified(fs: Any, path: str) -> float:
-    """When ``path`` was last written (seconds since the epoch); 0 when unknown."""
-    try:
-        return float(fs.modified(path).timestamp())
-    except (FileNotFoundError, NotImplementedError):
-        return 0.0  # a table cut short before its metadata: only a killed run's
+def _written(fs: Any, path: str) -> float:
+    """When the table at ``path`` was written (seconds since the epoch): its metadata's
+    time, or its data's where a publish killed between the two (data first) left no
+    metadata; 0 for a table with neither.  A file system that cannot say stops tidy:
+    taking every table for old would remove those a running job reads."""
+    for key in ("zarr.json", "c/0"):
+        try:
+            return float(fs.modified(f"{path}/{key}").timestamp())
+        except FileNotFoundError:
+            continue
+        except NotImplementedError:
+            raise DestinationError(
+                f"{path}: this file system ({type(fs).__name__}) does not say when an "
+                "object was written, so tidy cannot tell tables replaced long ago from "
+                "new ones; nothing was removed"
+            ) from None
+    return 0.0
 
 
 def _bytes(fs: Any, path: str) -> int:

@@ -9,7 +9,8 @@ tiers, and files with odd HDF5 features (arrays in some groups, links, dimension
 scales, compound tables, virtual and external datasets, NaN attributes) converted,
 appended to and read back from a local S3 endpoint, and a store overwritten again
 and again under a running job (which must never get the new store's values, and be
-told the store was replaced): every value equals h5py's.  Runs of
+told the store was replaced), and copies of a store appended to apart, read through one
+node cache: every value equals h5py's.  Runs of
 hundreds of seeds are the tool's job; these keep its paths working and catch what a
 change breaks on data shaped unlike the synthetic corpus."""
 
@@ -33,6 +34,7 @@ from conftest import PYTHON, REPO, subprocess_env
         ["reader-kills", "--seeds", "0:4"],
         ["odd", "--seeds", "0:6", "--s3"],
         ["overwrites", "--seeds", "0:3"],
+        ["copies", "--seeds", "0:4", "--s3"],
     ],
     ids=[
         "reads",
@@ -44,6 +46,7 @@ from conftest import PYTHON, REPO, subprocess_env
         "reader_kills",
         "odd",
         "overwrites",
+        "copies",
     ],
 )
 def test_random_corpora_read_back_as_h5py_reads_them(args, tmp_path):

@@ -8,6 +8,7 @@
     python tools/random_corpora.py reader-kills --seeds 0:200     # a reader killed
     python tools/random_corpora.py odd --seeds 0:200 [--s3]       # HDF5 as it comes
     python tools/random_corpora.py overwrites --seeds 0:100       # --overwrite under a job
+    python tools/random_corpora.py copies --seeds 0:100           # copies appended apart
 
 Each seed writes a small HDF5 file of its own with h5py: 1-6 recordings of 0.05-70 s
 (``wav`` at 16 kHz as channels x samples, samples x channels or mono; int16-valued
@@ -27,7 +28,9 @@ SIGKILL (with its workers) at a random moment once it writes, runs it again, and
 the same; ``reader-kills`` kills a process reading through the tiers once it writes
 into them, then reads every window through the same tiers; ``odd`` converts files with
 odd HDF5 features (tools/random_odd.py); ``overwrites`` converts a store again and
-again under a running job (tools/random_overwrites.py).  ``--s3`` puts 7 stores in 10
+again under a running job (tools/random_overwrites.py); ``copies`` appends other files
+to copies of a store, and to one restored from a backup, and reads them all through one
+node cache (tools/random_copies.py).  ``--s3`` puts 7 stores in 10
 on a local S3 endpoint.  A failing seed prints its
 settings and traceback, and the run exits 1.  tests/test_random_corpora.py runs a few
 seeds of each; runs of hundreds found a race in a process's first reads, a rerun
@@ -56,6 +59,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import random_copies  # noqa: E402
 import random_odd  # noqa: E402
 import random_overwrites  # noqa: E402
 
@@ -605,6 +609,7 @@ KINDS: dict[str, Callable[[int, str, bool], str]] = {
     "reader-kills": reader_kills,
     "odd": lambda seed, where, remote: random_odd.odd(seed, where, remote),
     "overwrites": lambda seed, where, remote: random_overwrites.overwrites(seed, where, remote),
+    "copies": lambda seed, where, remote: random_copies.copies(seed, where, remote),
 }
 
 

@@ -78,12 +78,19 @@ class TieredCache:
     A value found in the SSD tier is promoted to RAM; a value fetched from the
     origin fills both.  ``ram=False`` keeps a value out of the RAM tier (used when
     the RAM tier holds decoded shards instead).  Keys are prefixed with the
-    store's id, so two stores, or a reconverted store, never share entries.
+    store's id, so two stores, or a reconverted store, never share entries; and with
+    the id of the append that wrote the object, where ``lineage`` names one
+    (:mod:`zstore.format.lineage`: copies of a store share its id, not what their
+    appends wrote).
     """
 
-    def __init__(self, config: ResolvedCache, namespace: str):
+    def __init__(
+        self, config: ResolvedCache, namespace: str, lineage: Callable[[str], str] | None = None
+    ):
         self.config = config
         self.namespace = namespace
+        #: key -> the id of the append that wrote its object ("": the store id alone)
+        self.lineage = lineage
         ram_dir, ssd_dir = safe_dirs(config)  # checked once; node_dir() uses them
         self._dirs = (ram_dir, ssd_dir)
         self.stats = Stats(self.node_dir("stats"))
@@ -118,6 +125,10 @@ class TieredCache:
         return _under(*self._dirs, name)
 
     def key(self, key: str) -> str:
+        if self.lineage is not None:
+            written_by = self.lineage(key)
+            if written_by:
+                return f"{self.namespace}.{written_by}/{key}"
         return f"{self.namespace}/{key}"
 
     def lookup(

@@ -131,12 +131,14 @@ def share_residency(
     holds now: shards of the share, and how many of them are resident (whole in any
     form: a shard the reads fill chunk by chunk counts once every chunk is in)."""
     from zstore.cache import TieredCache
-    from zstore.format import parse_array_meta
+    from zstore.format import lineage_of, parse_array_meta
 
     manifest, metas = read_manifest(url, storage_options)
     names = _time_fields(url, manifest, fields)
     items = node_share(manifest, names, nodes, node_rank, seed)
-    tiers = TieredCache((cache or CacheConfig()).resolved(), manifest.store_id)
+    tiers = TieredCache(
+        (cache or CacheConfig()).resolved(), manifest.store_id, lineage_of(manifest)
+    )
     db = tiers.ram._open() if tiers.ram is not None else None
     total = resident = 0
     for item in items:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ from zstore.convert._virtual import READ_BY, changed_reads, reads_of
 from zstore.convert.pipeline import plain, with_dtypes
 from zstore.errors import SourceError, StoreFormatError, some_names
 from zstore.format import (
+    APPENDS,
     ArrayMetas,
     Manifest,
     Placement,
@@ -51,6 +53,7 @@ from zstore.format import (
     parse_precision,
     publish,
     read_manifest,
+    recorded,
     shape_rows,
 )
 from zstore.urls import is_url, store_bytes
@@ -495,6 +498,14 @@ def _extended(
     extra = dict(manifest.extra)
     extra["sources"] = list(extra.get("sources", [])) + [i["source"] for i in identities]
     extra["appended"] = list(extra.get("appended", [])) + identities
+    # this append's id and where its objects begin: the node caches key them apart from
+    # what another copy of the store gained at the same paths (zstore.format.lineage)
+    extra[APPENDS] = recorded(
+        extra,
+        uuid.uuid4().hex,
+        n_old,
+        [(packs.groups[b.group].path, b.number, b.starts) for b in packs.batches],
+    )
     if source.skipped:
         extra["skipped"] = extend(list(extra.get("skipped", [])), list(source.skipped))
     extra["store_bytes"] = nbytes

@@ -25,6 +25,7 @@ from zstore.format.layout import (
     scale,
     step_nbytes,
 )
+from zstore.format.lineage import APPENDS, Lineage, cache_namespace, lineage_of, recorded
 from zstore.format.manifest import (
     VERIFIED,
     ArrayMetas,
@@ -76,6 +77,11 @@ from zstore.format.precision import (
 from zstore.format.sizing import Sizes, field_sizes, stored_objects
 
 __all__ = [
+    "APPENDS",
+    "Lineage",
+    "cache_namespace",
+    "lineage_of",
+    "recorded",
     "PACK_SECONDS",
     "PACKED_ROOT",
     "PACKED_WHOLE_BYTES",

@@ -28,6 +28,7 @@ from zstore.format import (
     ArrayLayout,
     Sizes,
     field_sizes,
+    lineage_of,
     read_manifest,
     verified_tables,
 )
@@ -141,6 +142,8 @@ class ReaderSetup(ItemPlaces):
             self._header = self.manifest.header()
         if resolved and self.tiers is None:
             self.tiers = TieredCache(resolved, self.manifest.store_id)
+        if self.tiers is not None:  # what each append wrote is keyed apart
+            self.tiers.lineage = lineage_of(self.manifest)
         self.origin = Origin(
             self.url,
             self.storage_options,

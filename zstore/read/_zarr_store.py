@@ -24,7 +24,7 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from zstore.cache import CacheConfig, TieredCache, as_cache_config
-from zstore.format import MANIFEST_ATTR, read_manifest, read_root
+from zstore.format import MANIFEST_ATTR, cache_namespace, read_manifest, read_root
 from zstore.origin import Origin
 from zstore.read._replaced import ROOT, StoreCheck
 from zstore.urls import is_url, zarr_store
@@ -50,13 +50,16 @@ class CachedStore(Store):
 
     Args:
         url: local path, NFS path or fsspec URL of the origin store.
-        store_id: the cache namespace (the manifest's store id).
+        store_id: the manifest's store id (the cache namespace, unless ``namespace``).
         cache: tier settings; ``None`` reads the origin directly.
         storage_options: passed to fsspec.
         complete: every chunk object was written (a missing one is an error).
         check_root: read the root beside every round of origin reads and raise
             :class:`zstore.StoreReplacedError` where its store id is no longer
             ``store_id`` (``open_store`` sets it for a store with a manifest).
+        namespace: the cache namespace, when not ``store_id``: a store appended to
+            has its last append's id in it (:func:`zstore.format.lineage.cache_namespace`),
+            since copies of a store share its id, not what their appends wrote.
     """
 
     supports_writes = False
@@ -74,6 +77,7 @@ class CachedStore(Store):
         read_only: bool = True,
         complete: bool = False,
         check_root: bool = False,
+        namespace: str | None = None,
     ):
         super().__init__(read_only=True)
         if not read_only:
@@ -83,6 +87,7 @@ class CachedStore(Store):
             )
         self.url = str(url)
         self.store_id = store_id
+        self.namespace = namespace or store_id
         self.cache = cache
         self.storage_options = dict(storage_options or {})
         self.complete = complete
@@ -95,7 +100,7 @@ class CachedStore(Store):
         #: reads go through a thread, ~0.3 ms each)
         self._local_origin = None if is_url(self.url) else Origin(self.url, self.storage_options)
         self.tiers = (
-            TieredCache(cache.resolved().for_store(self.url), store_id)
+            TieredCache(cache.resolved().for_store(self.url), self.namespace)
             if cache is not None
             else None
         )
@@ -108,6 +113,7 @@ class CachedStore(Store):
             "storage_options": self.storage_options,
             "complete": self.complete,
             "check_root": self.check_root,
+            "namespace": self.namespace,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -121,6 +127,7 @@ class CachedStore(Store):
             isinstance(other, CachedStore)
             and self.url == other.url
             and self.store_id == other.store_id
+            and self.namespace == other.namespace
             and self.cache == other.cache
         )
 
@@ -133,6 +140,7 @@ class CachedStore(Store):
             read_only=read_only,
             complete=self.complete,
             check_root=self.check_root,
+            namespace=self.namespace,
         )
 
     async def _fetch(
@@ -289,4 +297,5 @@ def open_store(
         storage_options=storage_options,
         complete=bool(manifest.get("all_chunks_written")),
         check_root=store_id is not None,
+        namespace=cache_namespace(store_id or "", manifest),
     )

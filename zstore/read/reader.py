@@ -24,6 +24,7 @@ import numpy as np
 from zstore.format import (
     ArrayLayout,
     Span,
+    cache_namespace,
 )
 from zstore.read import _window_copy as copies
 from zstore.read._packed_batch import packed_batch, packed_read
@@ -227,6 +228,7 @@ class WindowReader(ReaderSetup):
             store = CachedStore(
                 self.url,
                 store_id=self.manifest.store_id,
+                namespace=cache_namespace(self.manifest.store_id, self.manifest.extra),
                 cache=self.cache,
                 storage_options=self.storage_options,
                 complete=self.manifest.all_chunks_written,

@@ -301,3 +301,33 @@ def test_gather_widens_int16_samples_into_float_slots():
     assert not slots[1][:, 100:].any()
     with pytest.raises(ValueError, match="dtype"):  # float into int16: refused
         streamcopy.gather([samples], [slots[0]], np.zeros((1, 5), np.int64), pads[:0], 1)
+
+
+@pytest.mark.parametrize("ram_format", ["decoded", "chunks"])
+def test_an_append_of_true_float_audio_leaves_the_int16_shards_cached(tmp_path, ram_format):
+    """An append of true-float items to a store of int16 samples widens what the
+    manifest says ``wav`` holds, and with it the RAM form of every item's shards.  A job
+    opened before it (int16 shards) and one opened after (float shards) on one node each
+    keep their own form, under keys of their own: neither drops the other's as corrupt
+    (they did, on every read of the other job, each rebuilding its own)."""
+    store, data = _store(tmp_path, "int16", items=2)
+    cache = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="256MB", ram_format=ram_format, ssd_dir=None
+    )
+    before = zstore.WindowDataset(
+        store, window_seconds=7.0, seed=3, windows_per_item=4, cache=cache, fields=["wav", "act"]
+    )
+    check_epoch(before, data, 0)
+    more = {"late": _recording(np.random.default_rng(9), 20.0, "float")}
+    zstore.append(write_h5(tmp_path / "late.h5", more), store, workers=1, progress=False)
+    after = zstore.WindowDataset(
+        store, window_seconds=7.0, seed=3, windows_per_item=4, cache=cache, fields=["wav", "act"]
+    )
+    assert after.reader.manifest.arrays["wav"].values == "float"
+    for epoch in (0, 0, 1):
+        check_epoch(before, data, epoch)
+        check_epoch(after, {**data, **more}, epoch)
+    assert before.settle(timeout=120) and after.settle(timeout=120)
+    stats = zstore.cache_stats(cache)["ram"]
+    assert stats["corrupt"] == 0, stats
+    assert stats["hits"] > 0, stats

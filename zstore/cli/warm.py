@@ -151,7 +151,8 @@ def share_residency(
             for s in range(-(-layout.length // layout.shard)):
                 total += 1
                 if db is not None and any(
-                    tiers.key(f"{layout.object_key(s)}{form}") in db for form in ("#D", "#E")
+                    tiers.key(f"{layout.object_key(s)}{form}") in db
+                    for form in (f"#D{layout.decoded_tag}", "#E")
                 ):
                     resident += 1
                 elif db is not None and complete_in(tiers, layout, s):

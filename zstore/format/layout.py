@@ -348,6 +348,16 @@ class ArrayLayout:
         return np.dtype(np.int16) if self.int16_samples else self.dtype
 
     @property
+    def decoded_tag(self) -> str:
+        """What the RAM tier's keys of this array's decoded shards add to their form's
+        suffix: ``"f"`` for a float array kept in its own dtype, ``""`` otherwise (int16
+        samples; other dtypes).  An append of true-float items widens a store of int16
+        samples (``values``): a job opened before it and one opened after then keep
+        their forms under keys of their own, instead of dropping each other's as
+        corrupt (another size) on every read."""
+        return "f" if self.dtype.kind == "f" and not self.int16_samples else ""
+
+    @property
     def length(self) -> int:
         """Its length along time (a scalar, stored whole, has none: 0)."""
         return self.shape[self.time_axis] if self.shape else 0

@@ -44,6 +44,7 @@ class ChunkShards(RamForm, ChunkFills):
     """Shards in the RAM tier as slots of decoded chunks, written by the reads."""
 
     suffix = SUFFIX
+    decoded = True
 
     def __init__(self, *args: Any, **kwargs: Any):  # RamForm's
         super().__init__(*args, **kwargs)

@@ -19,6 +19,8 @@ class RamForm:
 
     #: what the form's tier keys end with
     suffix = ""
+    #: the form holds decoded values: its keys say their dtype (``ArrayLayout.decoded_tag``)
+    decoded = False
     #: ``zstore cache warm``: fill the tier in the read itself, waiting for what it
     #: needs, instead of behind the reads
     inline = False
@@ -45,6 +47,6 @@ class RamForm:
             if len(self._keys) >= MAX_KEYS:
                 self._keys.clear()
             key = self._keys[(layout.path, s)] = self.tiers.key(
-                f"{layout.object_key(s)}{self.suffix}"
+                f"{layout.object_key(s)}{self.suffix}{layout.decoded_tag if self.decoded else ''}"
             )
         return key

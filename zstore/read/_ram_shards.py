@@ -190,6 +190,7 @@ class DecodedShards(ShardForm):
     half the bytes (float32), widened as windows are copied out."""
 
     suffix = "#D"
+    decoded = True
     later = True  # a build decodes a whole shard (~20-30 ms)
 
     def __init__(self, *args: Any, **kwargs: Any):

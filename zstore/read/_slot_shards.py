@@ -89,7 +89,8 @@ def complete_in(tiers: TieredCache, layout: ArrayLayout, s: int) -> bool:
     ram = tiers.ram
     if ram is None:
         return False
-    got = ram.get_mapped(tiers.key(f"{layout.object_key(s)}{SUFFIX}"), count_miss=False)
+    key = tiers.key(f"{layout.object_key(s)}{SUFFIX}{layout.decoded_tag}")
+    got = ram.get_mapped(key, count_miss=False)
     if got is None or not got[0].slotted:
         return False
     try:

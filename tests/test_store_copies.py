@@ -97,9 +97,9 @@ def test_copies_appended_with_other_items_of_the_same_names_never_mix(tmp_path, 
         assert reader.read("n0", {"wav": Span(0, 10)})["wav"].max() * 32768 < 0
 
 
-def test_a_store_restored_and_appended_again_is_read_anew(tmp_path):
-    """An append gone wrong, the store restored from a backup taken before it, and the
-    right file appended: jobs on the node read the right file's values."""
+def appended_wrong(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A store of ``r0`` (level 0), its backup, then a file of ``n0`` at level 1000
+    appended to it (gone wrong); and the right file of ``n0`` (level -2000)."""
     base = level_items(tmp_path / "base.h5", ["r0"], 0, 12)
     store, backup = tmp_path / "s.zarr", tmp_path / "backup.zarr"
     zstore.convert(base, store, rates={"wav": 16000}, workers=1, progress=False)
@@ -107,8 +107,14 @@ def test_a_store_restored_and_appended_again_is_read_anew(tmp_path):
     (tmp_path / "wrong").mkdir()
     (tmp_path / "right").mkdir()
     wrong = level_items(tmp_path / "wrong" / "new.h5", ["n0"], 1000, 12)
-    right = level_items(tmp_path / "right" / "new.h5", ["n0"], -2000, 12)
     zstore.append(wrong, store, workers=1, progress=False)
+    return store, backup, level_items(tmp_path / "right" / "new.h5", ["n0"], -2000, 12)
+
+
+def test_a_store_restored_and_appended_again_is_read_anew(tmp_path):
+    """An append gone wrong, the store restored from a backup taken before it, and the
+    right file appended: jobs on the node read the right file's values."""
+    store, backup, right = appended_wrong(tmp_path)
     cache = cache_for(tmp_path, "auto")
     assert levels(store, cache, ["n0"]) == {"n0": 1000}
     shutil.rmtree(store)
@@ -161,3 +167,22 @@ def test_warm_and_the_shares_residency_see_each_copys_own_appends(tmp_path):
     other = share_residency(str(b), cache=cache, fields=["wav"])
     assert other["resident_in_ram"] == 2, other  # r0 and r1: the same data in both
     assert levels(b, cache, ["n0", "r0"]) == {"n0": -2000, "r0": 0}
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_store_restored_under_a_running_job_stops_it(tmp_path, cached):
+    """A job opened after an append; the store is then restored from a backup taken
+    before it and appended to with another file of the same item names.  The store id
+    is the same, but the job's view of ``n0`` is of data no longer there: it must stop
+    with StoreReplacedError, never read the new ``n0`` under its old one."""
+    store, backup, right = appended_wrong(tmp_path)
+    cache = cache_for(tmp_path, "auto") if cached else None
+    job = zstore.WindowReader(str(store), cache=cache).open()
+    assert job.read("r0", {"wav": Span(0, 16000)})["wav"].min() == 0
+    shutil.rmtree(store)
+    shutil.copytree(backup, store)
+    zstore.append(right, store, workers=1, progress=False)
+    with pytest.raises(zstore.StoreReplacedError, match="restored|appends"):
+        job.read("n0", {"wav": None})
+    # a job opened now reads the store as it is
+    assert levels(store, cache or cache_for(tmp_path, "auto"), ["n0"]) == {"n0": -2000}

@@ -6,7 +6,9 @@ copy, or on S3 an object copy: the store id goes with it) and appends to each st
 turn 1-2 files of its own whose items have the same names in every store (so the same
 item directories, and for packed items the same new shards and batch records).  For 1
 seed in 3 one store is then restored from a backup taken before its appends and
-appended to again with yet other files.  Every store is read through one node cache
+appended to again with yet other files, under a job opened before: each item that job
+reads must be its own view's (from its tiers), or it is told the store was replaced
+(``StoreReplacedError``).  Every store is read through one node cache
 (random tiers) in a random order, twice, whole items and random windows: every value
 must be its own store's source's, bit for bit.  Keyed by the store id alone, the tiers
 served one store's appended chunks for another's (CHANGELOG).
@@ -86,6 +88,24 @@ def _check(store: str, want: Data, cache: dict[str, Any] | None, so: Any, seed: 
     return n
 
 
+def _running(job: Any, want: Data) -> int:
+    """A job opened before its store was restored and appended to again: each item it
+    reads is its own view's (from its tiers), or it is told the store was replaced."""
+    import random_odd
+
+    import zstore
+
+    n = 0
+    for i in range(len(job)):
+        try:
+            w = job[i]
+        except zstore.StoreReplacedError:
+            continue
+        random_odd.same(w["wav"].numpy(), want[w["item"]]["wav"], ("running job", w["item"]))
+        n += 1
+    return n
+
+
 def copies(seed: int, where: str, remote: bool) -> str:
     """One seed of the ``copies`` kind (see the module)."""
     import random_odd
@@ -140,9 +160,14 @@ def copies(seed: int, where: str, remote: bool) -> str:
     n = 0
     if restored:  # read once, then one store restored and appended to again
         n += sum(_check(s, want[s], cache, so, seed) for s in order)
+        config = zstore.CacheConfig(**cache) if cache else False
+        job = zstore.WindowDataset(
+            first, window_seconds=None, fields=["wav"], cache=config, storage_options=so
+        )
         _remove(first, so)
         _copy(backup, first, so)
-        want[first] = appended(first, rounds)
+        old, want[first] = want[first], appended(first, rounds)
+        n += _running(job, old)
     for _ in range(2):
         n += sum(_check(s, want[s], cache, so, seed) for s in order)
     _no_corrupt(cache)

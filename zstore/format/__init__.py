@@ -25,7 +25,14 @@ from zstore.format.layout import (
     scale,
     step_nbytes,
 )
-from zstore.format.lineage import APPENDS, Lineage, cache_namespace, lineage_of, recorded
+from zstore.format.lineage import (
+    APPENDS,
+    Lineage,
+    append_ids,
+    cache_namespace,
+    lineage_of,
+    recorded,
+)
 from zstore.format.manifest import (
     VERIFIED,
     ArrayMetas,
@@ -79,6 +86,7 @@ from zstore.format.sizing import Sizes, field_sizes, stored_objects
 __all__ = [
     "APPENDS",
     "Lineage",
+    "append_ids",
     "cache_namespace",
     "lineage_of",
     "recorded",

@@ -64,6 +64,11 @@ def appends_of(extra: Mapping[str, Any]) -> list[Append]:
     return [Append.from_header(a) for a in extra.get(APPENDS, ())]
 
 
+def append_ids(header: Mapping[str, Any]) -> list[str]:
+    """The ids of the appends a manifest header (or ``Manifest.extra``) records."""
+    return [str(a["id"]) for a in header.get(APPENDS, ())]
+
+
 def recorded(
     extra: Mapping[str, Any],
     new_id: str,
@@ -209,6 +214,7 @@ __all__ = [
     "APPENDS",
     "Append",
     "Lineage",
+    "append_ids",
     "appends_of",
     "cache_namespace",
     "lineage_of",

@@ -27,6 +27,7 @@ from zstore.format import (
     VERIFIED,
     ArrayLayout,
     Sizes,
+    append_ids,
     field_sizes,
     lineage_of,
     read_manifest,
@@ -172,7 +173,11 @@ class ReaderSetup(ItemPlaces):
             self.fetch,
             complete=self.manifest.all_chunks_written,
             behind=self.writes,
-            check=StoreCheck(self.url, self.manifest.store_id) if self.manifest.store_id else None,
+            check=(
+                StoreCheck(self.url, self.manifest.store_id, append_ids(self.manifest.extra))
+                if self.manifest.store_id
+                else None
+            ),
         )
         self._layouts: dict[tuple[str, str], ArrayLayout] = {}
         #: packed items' batch records: their attributes and arrays stored whole

@@ -17,15 +17,19 @@ checked right after with :meth:`StoreCheck.now`.  ``zstore.open_store``'s store
 (:mod:`zstore.read._zarr_store`) reads the root beside each of its origin rounds, as
 the reader's rounds do.  An append rewrites the root too,
 keeping the store id: the job goes on with the view it opened (appends rewrite no
-object)."""
+object).  But a store restored from a backup (or a copy put in its place) also has the
+store id, and appended to since, it may hold other data under the job's appended items'
+names: so the root's record of appends (:mod:`zstore.format.lineage`) must begin with
+the job's, or the round raises :class:`StoreReplacedError` too."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from zstore.errors import StoreReplacedError
-from zstore.format import MANIFEST_ATTR
+from zstore.format import MANIFEST_ATTR, append_ids
 from zstore.origin import Origin, Request
 
 ROOT = "zarr.json"
@@ -34,8 +38,9 @@ ROOT = "zarr.json"
 class StoreCheck:
     """Checks the root a round of origin reads found against the store id opened."""
 
-    def __init__(self, url: str, store_id: str) -> None:
+    def __init__(self, url: str, store_id: str, appends: Sequence[str] = ()) -> None:
         self.url, self.store_id = url, store_id
+        self.appends = list(appends)  # the ids of the appends the job's view holds
         self._seen: bytes | None = None  # the root last found to be this store's
 
     @property
@@ -54,16 +59,26 @@ class StoreCheck:
         if data == self._seen:
             return
         try:
-            attrs = json.loads(data).get("attributes", {})
-            now = str(attrs.get(MANIFEST_ATTR, {}).get("store_id", ""))
-        except (ValueError, AttributeError):
-            now = ""
+            header = json.loads(data).get("attributes", {}).get(MANIFEST_ATTR, {})
+            now = str(header.get("store_id", ""))
+            appends = append_ids(header)
+        except (ValueError, AttributeError, KeyError, TypeError):
+            now, appends = "", []
         if now != self.store_id:
             raise StoreReplacedError(
                 f"{self.url}: the store was replaced while this job read it (store id "
                 f"{self.store_id} when opened, {now or 'none, a conversion in progress'} "
                 "now; a conversion with --overwrite?); nothing of the new store was "
                 "used: restart the job to read it"
+            )
+        if appends[: len(self.appends)] != self.appends:
+            raise StoreReplacedError(
+                f"{self.url}: the store was replaced while this job read it: it has the "
+                "store id the job opened, but not the appends the job's items came "
+                f"from ({len(self.appends)} when opened; {len(appends)} now, "
+                f"{sum(a == b for a, b in zip(appends, self.appends))} of them the "
+                "same): restored from a backup, or another copy put in its place? "
+                "Nothing of it was used: restart the job to read the store now there"
             )
         self._seen = data
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from zarr.abc.store import (
@@ -24,7 +24,7 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from zstore.cache import CacheConfig, TieredCache, as_cache_config
-from zstore.format import MANIFEST_ATTR, cache_namespace, read_manifest, read_root
+from zstore.format import MANIFEST_ATTR, append_ids, cache_namespace, read_manifest, read_root
 from zstore.origin import Origin
 from zstore.read._replaced import ROOT, StoreCheck
 from zstore.urls import is_url, zarr_store
@@ -60,6 +60,9 @@ class CachedStore(Store):
         namespace: the cache namespace, when not ``store_id``: a store appended to
             has its last append's id in it (:func:`zstore.format.lineage.cache_namespace`),
             since copies of a store share its id, not what their appends wrote.
+        appends: the ids of the appends the store had when opened; ``check_root``
+            also raises where the root's do not begin with them (a store restored
+            from a backup, or another copy put in its place).
     """
 
     supports_writes = False
@@ -78,6 +81,7 @@ class CachedStore(Store):
         complete: bool = False,
         check_root: bool = False,
         namespace: str | None = None,
+        appends: Sequence[str] = (),
     ):
         super().__init__(read_only=True)
         if not read_only:
@@ -88,6 +92,7 @@ class CachedStore(Store):
         self.url = str(url)
         self.store_id = store_id
         self.namespace = namespace or store_id
+        self.appends = list(appends)
         self.cache = cache
         self.storage_options = dict(storage_options or {})
         self.complete = complete
@@ -95,7 +100,9 @@ class CachedStore(Store):
         self._metas: Any = None  # the store's ArrayMetas, read on the first missing key
         self._origin = zarr_store(self.url, self.storage_options, read_only=True)
         #: the store this was opened on (its id), checked beside every origin round
-        self._check = StoreCheck(self.url, store_id) if check_root and store_id else None
+        self._check = (
+            StoreCheck(self.url, store_id, self.appends) if check_root and store_id else None
+        )
         #: a local store's root is read by zstore's origin (a direct read; zarr's local
         #: reads go through a thread, ~0.3 ms each)
         self._local_origin = None if is_url(self.url) else Origin(self.url, self.storage_options)
@@ -114,6 +121,7 @@ class CachedStore(Store):
             "complete": self.complete,
             "check_root": self.check_root,
             "namespace": self.namespace,
+            "appends": self.appends,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -141,6 +149,7 @@ class CachedStore(Store):
             complete=self.complete,
             check_root=self.check_root,
             namespace=self.namespace,
+            appends=self.appends,
         )
 
     async def _fetch(
@@ -298,4 +307,5 @@ def open_store(
         complete=bool(manifest.get("all_chunks_written")),
         check_root=store_id is not None,
         namespace=cache_namespace(store_id or "", manifest),
+        appends=append_ids(manifest),
     )

@@ -184,17 +184,21 @@ def test_a_killed_append_rerun_after_the_file_changed_writes_the_new_values(tmp_
         assert np.array_equal(whole(dst, name), arrays["wav"])
 
 
-def test_a_killed_append_rerun_unchanged_keeps_what_it_wrote(tmp_path, monkeypatch):
+def killed_before_publishing(monkeypatch, new: str, dst: Path) -> None:
+    """An append of ``new`` that writes its items and dies before it publishes them."""
     append_module = importlib.import_module("zstore.convert.append")
-
-    dst = base_store(tmp_path)
-    new = write_h5(tmp_path / "new.h5", speech(2, [1.0, 1.5]))
     monkeypatch.setattr(
         append_module, "publish", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
     )
     with pytest.raises(KeyboardInterrupt):
         zstore.append(new, dst, workers=1, progress=False)
     monkeypatch.undo()
+
+
+def test_a_killed_append_rerun_unchanged_keeps_what_it_wrote(tmp_path, monkeypatch):
+    dst = base_store(tmp_path)
+    new = write_h5(tmp_path / "new.h5", speech(2, [1.0, 1.5]))
+    killed_before_publishing(monkeypatch, new, dst)
     report = zstore.append(new, dst, workers=1, progress=False)
     assert report.converted == 0 and len(manifest_of(dst).items) == 4
 
@@ -496,3 +500,23 @@ def test_a_lock_on_s3_left_by_a_killed_writer_of_this_host_is_named_at_once(tmp_
     fs.rm_file(f"{root}/zstore.lock")
     report = convert()
     assert report.converted == report.items > 0
+
+
+def test_a_resumed_append_removes_what_its_killed_writes_left(tmp_path, monkeypatch):
+    """The rerun of a killed append removes the temporary files its killed writes left
+    in the items it adds; those elsewhere in the store are for ``zstore tidy``."""
+    src = write_h5(tmp_path / "base.h5", speech(1, [2.0, 3.0], prefix="base"))
+    dst = tmp_path / "s.zarr"
+    zstore.convert(src, dst, rates=RATE, workers=1, progress=False, pack_seconds=0)
+    new = write_h5(tmp_path / "new.h5", speech(2, [1.0, 1.5]))
+    killed_before_publishing(monkeypatch, new, dst)
+    proc = subprocess.Popen([PYTHON, "-c", "pass"])
+    proc.wait()  # a writer that is gone
+    ours = dst / "rec0" / f"zarr.json.{proc.pid}.partial"
+    ours.write_bytes(b"cut short")
+    elsewhere = dst / "base0" / f"zarr.json.{proc.pid}.partial"
+    elsewhere.write_bytes(b"cut short")
+    report = zstore.append(new, dst, workers=1, progress=False)
+    assert len(manifest_of(dst).items) == 4 and report.already_done == 4 - report.converted
+    assert not ours.exists() and elsewhere.exists()
+    assert zstore.tidy(dst).partials == ["base0/" + elsewhere.name]

@@ -1,3 +1,4 @@
+import importlib
 import json
 import os
 import signal
@@ -568,3 +569,43 @@ def test_an_overwrite_removes_the_root_before_any_object(small_h5, tmp_path, mon
     assert seen and not any(seen), seen
     fs.invalidate_cache()
     assert fs.find(root) == []
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([PYTHON, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 60.0])
+def test_a_resumed_conversion_removes_what_killed_writes_left(
+    small_h5, tmp_path, monkeypatch, pack_seconds
+):
+    """A writer killed between writing an object's temporary file and renaming it
+    leaves ``<object>.<pid>.partial`` (zarr's ``zarr.<hex>.partial``); the rerun that
+    resumes the conversion removes them (they were kept forever, until ``zstore
+    tidy``), and the store it finishes is whole."""
+    pipeline = importlib.import_module("zstore.convert.pipeline")
+    dst = tmp_path / "s.zarr"
+    options = dict(rates=RATES, workers=1, progress=False, pack_seconds=pack_seconds)
+    monkeypatch.setattr(
+        pipeline, "publish", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        zstore.convert(small_h5, dst, **options)
+    monkeypatch.undo()
+    pid = _dead_pid()
+    marks = sorted(dst.glob("*/zarr.json")) + sorted(dst.glob("zstore_packed/*/items.*.json"))
+    left = [m.with_name(f"{m.name}.{pid}.partial") for m in marks[:2]]
+    left.append(dst / f"zarr.{uuid.uuid4().hex}.partial")
+    for path in left:
+        path.write_bytes(b"cut short")
+    report = zstore.convert(small_h5, dst, **options)
+    assert report.items > 0 and MANIFEST_ATTR in dict(zarr.open_group(dst, mode="r").attrs)
+    assert [p for p in left if p.exists()] == []
+    assert not list(dst.rglob("*.partial"))
+    ds = zstore.WindowDataset(str(dst), window_seconds=None, cache=False, fields=["wav"])
+    with h5py.File(small_h5, "r") as f:
+        for i in range(len(ds)):
+            w = ds[i]
+            np.testing.assert_array_equal(w["wav"].numpy(), f[w["item"]]["wav"][()])

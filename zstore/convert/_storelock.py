@@ -29,7 +29,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from zstore.errors import DestinationError
@@ -215,3 +215,34 @@ def _read_holder(fs: Any, path: str) -> tuple[str, bool]:
         return text, mine and pid > 0 and not alive(pid)  # <= 0: not a pid written here
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown", False
+
+
+def stale_partials(dst: str, below: Iterable[str] | None = None) -> list[str]:
+    """The temporary files of atomic writes cut short (:data:`PARTIAL`) in the local
+    store ``dst``: all of them (``below`` None), or those under each of ``below``
+    (paths in the store; one that is missing has none; the root itself is not listed:
+    items may lie there by the million).  Holding the store's lock, no other writer of
+    the store runs, so each is a killed writer's.  None for an object store (whose
+    writes leave no such files)."""
+    if is_url(dst):
+        return []
+    root = os.path.abspath(local_path(dst))
+    found: list[str] = []
+    if below is None:
+        for here, _, names in os.walk(root):
+            found += [os.path.join(here, n) for n in names if PARTIAL.fullmatch(n)]
+        return sorted(found)
+    for sub in sorted(set(below)):
+        for here, _, names in os.walk(os.path.join(root, sub)):
+            found += [os.path.join(here, n) for n in names if PARTIAL.fullmatch(n)]
+    return sorted(found)
+
+
+def remove_stale_partials(dst: str, below: Iterable[str] | None = None) -> int:
+    """Remove :func:`stale_partials` (holding the store's lock); how many went."""
+    gone = 0
+    for path in stale_partials(dst, below):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            gone += 1
+    return gone

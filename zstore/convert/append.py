@@ -36,7 +36,7 @@ from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_al
 from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import extend
 from zstore.convert._source import SourcePlan, check_unchanged, plan
-from zstore.convert._storelock import store_lock
+from zstore.convert._storelock import remove_stale_partials, store_lock
 from zstore.convert._tasks import cluster_client
 from zstore.convert._values import value_lines, warn_nonfinite, with_tally
 from zstore.convert._virtual import READ_BY, changed_reads, reads_of
@@ -170,6 +170,9 @@ def append(
         )
         own = dataclasses.replace(source, items=packs.own)
         workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(source.items))))
+        # what a killed run of this append left where it writes (this process holds the lock)
+        groups = {packs.groups[b.group].path for b in packs.batches}
+        remove_stale_partials(dst, [it.name for it in own.items] + sorted(groups))
         with cluster_client(dask) as client:
             todo, tally, all_now = write_all(job, own, packs, workers, progress, "append", client)
             if verify:

@@ -28,7 +28,13 @@ from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_al
 from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, check_unchanged, plan
-from zstore.convert._storelock import LOCK_NAME, PARTIAL, store_lock, wipe
+from zstore.convert._storelock import (
+    LOCK_NAME,
+    PARTIAL,
+    remove_stale_partials,
+    store_lock,
+    wipe,
+)
 from zstore.convert._subgroups import check_subgroups
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
@@ -356,6 +362,8 @@ def _convert(
         report = _report(source, dst, storage_options, t0, 0, total_src)
         report.verified, report.sources, report.packed = verify, files, packs.items
         return report
+    if not fresh:  # resumed: what a killed run's writes cut short left (it holds the lock)
+        remove_stale_partials(dst)
     todo, tally, all_now = write_all(
         job, own, packs, workers, progress, "convert", client, fresh=fresh, pool=pool
     )

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from zstore.convert._storelock import PARTIAL, store_lock
+from zstore.convert._storelock import stale_partials, store_lock
 from zstore.errors import DestinationError
 from zstore.format import MANIFEST_ATTR, PROGRESS_ATTR
 from zstore.units import format_size, parse_duration
@@ -98,7 +98,7 @@ def tidy(
             if not dry_run:
                 fs.rm(path, recursive=True)
         if not is_url(dst):
-            for path in _partials(root):
+            for path in stale_partials(dst):
                 report.partials.append(os.path.relpath(path, root))
                 report.nbytes += os.path.getsize(path)
                 if not dry_run:
@@ -177,14 +177,6 @@ def _bytes(fs: Any, path: str) -> int:
         return int(fs.du(path, total=True))
     except FileNotFoundError:
         return 0
-
-
-def _partials(root: str) -> list[str]:
-    """The temporary files of unfinished atomic writes under the local store ``root``."""
-    found = []
-    for here, _, names in os.walk(root):
-        found += [os.path.join(here, n) for n in names if PARTIAL.fullmatch(n)]
-    return sorted(found)
 
 
 __all__ = ["OLDER_THAN", "TidyReport", "tidy"]

@@ -74,3 +74,17 @@ def test_include_patterns_and_an_append(tmp_path):
             np.testing.assert_array_equal(x["wav"].numpy(), first[x["item"]]["wav"])
     with pytest.raises(zstore.SourceError, match="no item is left by --include"):
         zstore.convert(tmp_path / "a.h5", tmp_path / "t.zarr", include=["nothing*"])
+
+
+def test_items_left_out_of_several_files_are_named_as_the_store_names_them(tmp_path):
+    """With several files, the report's and the error's items are ``<file stem>/<group>``
+    (they said ``spk0/utt0`` for each file's alike)."""
+    corpus(tmp_path / "a.h5")
+    corpus(tmp_path / "b.h5", seed=1)
+    files = [tmp_path / "a.h5", tmp_path / "b.h5"]
+    report = zstore.convert(
+        files, tmp_path / "s.zarr", rates={"wav": 16000}, include=["a/spk*"], progress=False
+    )
+    assert "8 item(s) (a/meta, b/meta, b/spk0/utt0 and 5 more)" in str(report)
+    with pytest.raises(zstore.SourceError, match=r"items: 'a/meta', 'a/spk0/utt0', "):
+        zstore.convert(files, tmp_path / "t.zarr", rates={"wav": 16000}, include=["zz*"])

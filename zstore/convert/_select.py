@@ -36,13 +36,13 @@ def select(
         if (not include or _matches(it, include)) and not (exclude and _matches(it, exclude))
     ]
     if not kept:
-        shown = ", ".join(f"'{it.group}'" for it in items[:5])
+        shown = ", ".join(f"'{it.name}'" for it in items[:5])
         raise SourceError(
             f"{where}: no item is left by --include {list(include or [])} / --exclude "
             f"{list(exclude or [])} (items: {shown}{' ...' if len(items) > 5 else ''})"
         )
     taken = {id(it) for it in kept}
-    gone = [it.group for it in items if id(it) not in taken]
+    gone = [it.name for it in items if id(it) not in taken]
     if not gone:
         return kept, []
     first = ", ".join(gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")

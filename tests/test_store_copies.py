@@ -186,3 +186,26 @@ def test_a_store_restored_under_a_running_job_stops_it(tmp_path, cached):
         job.read("n0", {"wav": None})
     # a job opened now reads the store as it is
     assert levels(store, cache or cache_for(tmp_path, "auto"), ["n0"]) == {"n0": -2000}
+
+
+def test_a_read_cut_short_by_a_restored_store_says_the_store_was_replaced(tmp_path):
+    """The job holds a shard's index from before the restore; the restored store's
+    object is shorter, so the job's ranges reach past its end.  The failed read is
+    checked against the root before it is reported: StoreReplacedError, not "reading
+    the origin failed" (an OriginError after six retries, found on S3 by
+    tools/random_corpora.py copies)."""
+    base = level_items(tmp_path / "base.h5", ["r0"], 0, 12)
+    store, backup = tmp_path / "s.zarr", tmp_path / "backup.zarr"
+    zstore.convert(base, store, rates={"wav": 16000}, workers=1, progress=False)
+    shutil.copytree(store, backup)
+    for name, seconds in (("long", 40), ("short", 11)):
+        (tmp_path / name).mkdir()
+        level_items(tmp_path / name / "new.h5", ["n0"], 1000 if seconds == 40 else -2000, seconds)
+    zstore.append(tmp_path / "long" / "new.h5", store, workers=1, progress=False)
+    job = zstore.WindowReader(str(store), cache=None).open()
+    assert job.read("n0", {"wav": Span(0, 16000)})["wav"].min() * 32768 == 1000
+    shutil.rmtree(store)
+    shutil.copytree(backup, store)
+    zstore.append(tmp_path / "short" / "new.h5", store, workers=1, progress=False)
+    with pytest.raises(zstore.StoreReplacedError, match="restored"):
+        job.read("n0", {"wav": Span(35 * 16000, 36 * 16000)})

@@ -49,6 +49,9 @@ def lineage() -> Lineage:
         ("zstore_packed/1/items.0.json", "two"),
         ("zstore_packed/0/wav/zarr.json", "two"),  # grown by every append: the last
         ("zstore_packed/0/zarr.json", ""),
+        ("zstore_packed/0/wav/c.0.6", "two"),
+        ("zstore_packed/0/wav/cfoo", "two"),  # not a chunk: as its metadata
+        ("zstore_packed/1/lab/c", ""),  # a scalar: no shard along time
     ],
 )
 def test_each_object_is_filed_under_the_append_that_wrote_it(key, written_by):
@@ -57,7 +60,7 @@ def test_each_object_is_filed_under_the_append_that_wrote_it(key, written_by):
 
 def test_a_store_no_append_recorded_keeps_the_store_id_alone():
     none = Lineage([], ITEMS.index, {})
-    assert not none and none.of("b/wav/c/0/0") == "" and none.last == ""
+    assert none.of("b/wav/c/0/0") == "" and none("zstore_packed/0/wav/c/0/0") == ""
     assert cache_namespace("s", {}) == "s"
 
 

@@ -33,6 +33,8 @@ APPENDS = "appends"
 #: (the separator), ``c`` (a scalar), ``zarr.json``
 _BELOW_ARRAY = re.compile(r"/(?:zarr\.json|c(?:[./]\d+)*)$")
 _RECORD = re.compile(r"items\.(\d+)\.json")
+#: a chunk object's key below its array: ``c``, ``c/0/5``, ``c.0.5``
+_CHUNK = re.compile(r"c(?:[./]\d+)*")
 #: positions of items this many a process remembers (past it, it forgets them all)
 MAX_ITEMS = 65536
 
@@ -107,14 +109,6 @@ class Lineage:
         self._axes = dict(time_axes)
         self._items: dict[str, str | None] = {}  # prefix -> append id (None: no item)
 
-    def __bool__(self) -> bool:
-        return bool(self.appends)
-
-    @property
-    def last(self) -> str:
-        """The id of the last append ("" when none): what changes with every append."""
-        return self.appends[-1].id if self.appends else ""
-
     def __call__(self, key: str) -> str:
         return self.of(key)
 
@@ -160,9 +154,9 @@ class Lineage:
             return _last(self.appends, lambda a: a.batches.get(group), batch)
         array = f"{group}/{parts[2]}"
         below = parts[3] if len(parts) > 3 else ""
-        if below == "zarr.json" or not below.startswith("c"):
+        if not _CHUNK.fullmatch(below):  # its zarr.json
             return next((a.id for a in reversed(self.appends) if array in a.shards), "")
-        coords = [c for c in re.split(r"[./]", below[1:]) if c]
+        coords = below[2:].replace(".", "/").split("/") if len(below) > 1 else []
         if not coords:
             return ""
         axis = self._axes.get(parts[2])

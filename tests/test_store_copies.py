@@ -75,18 +75,24 @@ def cache_for(tmp_path: Path, mode: str) -> zstore.CacheConfig:
     return zstore.CacheConfig(**{**base, **MODES[mode]})
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("kind", list(LENGTHS))
-def test_copies_appended_with_other_items_of_the_same_names_never_mix(tmp_path, mode, kind):
-    seconds = LENGTHS[kind]
-    base = level_items(tmp_path / "base.h5", ["r0", "r1"], 0, seconds)
+def two_copies(tmp_path: Path, base: list[str], new: list[str], seconds: int) -> tuple[Path, Path]:
+    """A store of items ``base`` (level 0) and a copy of it; items ``new`` appended to
+    the store at level 1000 and to the copy at level -2000."""
     a, b = tmp_path / "A.zarr", tmp_path / "B.zarr"
-    zstore.convert(base, a, rates={"wav": 16000}, workers=1, progress=False)
+    source = level_items(tmp_path / "base.h5", base, 0, seconds)
+    zstore.convert(source, a, rates={"wav": 16000}, workers=1, progress=False)
     shutil.copytree(a, b)
     for store, level in ((a, 1000), (b, -2000)):
         (tmp_path / str(level)).mkdir()
-        new = level_items(tmp_path / str(level) / "new.h5", ["n0", "n1"], level, seconds)
-        zstore.append(new, store, workers=1, progress=False)
+        added = level_items(tmp_path / str(level) / "new.h5", new, level, seconds)
+        zstore.append(added, store, workers=1, progress=False)
+    return a, b
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("kind", list(LENGTHS))
+def test_copies_appended_with_other_items_of_the_same_names_never_mix(tmp_path, mode, kind):
+    a, b = two_copies(tmp_path, ["r0", "r1"], ["n0", "n1"], LENGTHS[kind])
     cache = cache_for(tmp_path, mode)
     items = ["r0", "n0", "n1"]
     for _ in range(2):  # the second time from the tiers
@@ -152,14 +158,7 @@ def test_warm_and_the_shares_residency_see_each_copys_own_appends(tmp_path):
     not held."""
     from zstore.cli.warm import share_residency
 
-    base = level_items(tmp_path / "base.h5", ["r0", "r1"], 0, 12)
-    a, b = tmp_path / "A.zarr", tmp_path / "B.zarr"
-    zstore.convert(base, a, rates={"wav": 16000}, workers=1, progress=False)
-    shutil.copytree(a, b)
-    for store, level in ((a, 1000), (b, -2000)):
-        (tmp_path / str(level)).mkdir()
-        new = level_items(tmp_path / str(level) / "new.h5", ["n0"], level, 12)
-        zstore.append(new, store, workers=1, progress=False)
+    a, b = two_copies(tmp_path, ["r0", "r1"], ["n0"], 12)
     cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
     zstore.warm(str(a), fields=["wav"], cache=cache, progress=False)
     held = share_residency(str(a), cache=cache, fields=["wav"])
@@ -209,3 +208,23 @@ def test_a_read_cut_short_by_a_restored_store_says_the_store_was_replaced(tmp_pa
     zstore.append(tmp_path / "short" / "new.h5", store, workers=1, progress=False)
     with pytest.raises(zstore.StoreReplacedError, match="restored"):
         job.read("n0", {"wav": Span(35 * 16000, 36 * 16000)})
+
+
+def test_zarrs_api_keeps_copies_apart_and_stops_on_a_restored_store(tmp_path):
+    """``zstore.open_store`` (zarr's API through the tiers): each copy's appended items
+    its own, and a store restored under an open group stops its reads."""
+    import zarr
+
+    a, b = two_copies(tmp_path, ["r0"], ["n0"], 12)
+    cache = cache_for(tmp_path, "auto")
+    for _ in range(2):
+        for store, level in ((a, 1000), (b, -2000)):
+            group = zarr.open_group(zstore.open_store(str(store), cache=cache), mode="r")
+            assert round(float(group["n0/wav"][0, :100].min()) * 32768) == level
+            assert int(group["n0/lab"][()]) == level
+    group = zarr.open_group(zstore.open_store(str(a), cache=cache), mode="r")
+    wav = group["n0/wav"]
+    shutil.rmtree(a)
+    shutil.copytree(b, a)  # another copy put in its place
+    with pytest.raises(zstore.StoreReplacedError, match="restored"):
+        wav[0, 160000:176000]

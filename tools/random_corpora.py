@@ -492,7 +492,8 @@ def kills(seed: int, where: str, remote: bool) -> str:
     once it writes (and its rerun, now and then, too), then run again to its end: the
     store holds every item once, equal to its source.  ``--s3``: the store on the local
     S3 endpoint for 7 seeds in 10, where a killed run leaves its lock object: the next
-    run must name it at once, and it is deleted as the error says."""
+    run must name it at once, and it is deleted as the error says.  A local store keeps
+    none of the files the killed writes left (``*.partial``) where the rerun writes."""
     rng = np.random.default_rng(seed)
     files = []
     for k in range(2):
@@ -539,6 +540,16 @@ def kills(seed: int, where: str, remote: bool) -> str:
     for item, arrays in want.items():
         for name in ("wav", "act"):
             assert np.array_equal(got[item][name], arrays[name]), (item, name)
+    if not so:  # the rerun removed what the killed writes left where it writes
+        left = [
+            os.path.relpath(os.path.join(here, n), store)
+            for here, _, names in os.walk(store)
+            for n in names
+            if n.endswith(".partial")
+        ]
+        if append:  # the root's own files and item tables are tidy's (zstore tidy)
+            left = [p for p in left if "/" in p and not p.startswith("zstore_items_")]
+        assert not left, ("left by the killed writes", left)
     what = "append" if append else "convert"
     on = f", on S3{' (its lock left, named, deleted)' if stale else ''}" if so else ""
     return f"{what} of {len(want)} items, {workers} worker(s){on}, {'; '.join(killed)}; run again"

@@ -505,7 +505,7 @@ def _extended(
     # what another copy of the store gained at the same paths (zstore.format.lineage)
     extra[APPENDS] = recorded(
         extra,
-        uuid.uuid4().hex,
+        uuid.uuid4().hex[:16],  # 64 bits: copies of one store never share one
         n_old,
         [(packs.groups[b.group].path, b.number, b.starts) for b in packs.batches],
     )

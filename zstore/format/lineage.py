@@ -49,7 +49,10 @@ class Append:
     batches: dict[str, int] = field(default_factory=dict)  # pack group path -> first batch
 
     def header(self) -> dict[str, Any]:
-        return {"id": self.id, "items": self.items, "shards": self.shards, "batches": self.batches}
+        """Its record in the header (the root, read beside every round of origin reads:
+        kept short, the packed parts only where it wrote some)."""
+        packed = {"shards": self.shards, "batches": self.batches} if self.batches else {}
+        return {"id": self.id, "items": self.items, **packed}
 
     @classmethod
     def from_header(cls, data: Mapping[str, Any]) -> Append:

@@ -11,11 +11,24 @@ from conftest import PYTHON, run_or_dump, subprocess_env
 
 import zstore
 
+#: Each script's ranks end their process group at exit (``end_group``): Lightning does so
+#: for NCCL, not for gloo, and torch then tears gloo's threads down during interpreter
+#: finalization, where a rank now and then died of SIGABRT as it exited ("terminate
+#: called without an active exception": 1 run in ~30 here; pytorch/pytorch#190489).
+#: Users of gloo should do the same (README, Lightning).
 SCRIPT = textwrap.dedent("""
     import json, os, sys
     import lightning.pytorch as pl
     import torch
     from zstore.lightning import WindowDataModule
+
+    import atexit
+    import torch.distributed as dist
+
+    @atexit.register
+    def end_group():  # each rank's gloo group ended at its exit: see the note above SCRIPT
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
     class Recorder(pl.LightningModule):
         def __init__(self, out):
@@ -90,6 +103,14 @@ RESUME = textwrap.dedent("""
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
     from zstore.lightning import WindowDataModule
+
+    import atexit
+    import torch.distributed as dist
+
+    @atexit.register
+    def end_group():  # each rank's gloo group ended at its exit: see the note above SCRIPT
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
     class Recorder(pl.LightningModule):
         def __init__(self):

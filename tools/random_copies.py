@@ -50,7 +50,7 @@ def _remove(store: str, so: dict[str, Any] | None) -> None:
 def _check(store: str, want: Data, cache: dict[str, Any] | None, so: Any, seed: int) -> int:
     """Every item of ``store`` whole, then windows of 2 epochs, against ``want``."""
     import random_odd
-    from random_corpora import windows
+    from random_corpora import check_window, windows
 
     import zstore
 
@@ -76,12 +76,7 @@ def _check(store: str, want: Data, cache: dict[str, Any] | None, so: Any, seed: 
     )
     for epoch, batch in ((0, 3), (1, 0)):
         for w in windows(ds, epoch, batch):
-            start, length = round(w["start"] * 100), int(w["length"])
-            src = want[w["item"]]
-            for name, rate in (("wav", 160), ("act", 1)):
-                got = w[name].numpy()[:, : length * rate]
-                expect = src[name][:, start * rate : (start + length) * rate]
-                random_odd.same(got, expect, (store, w["item"], w["start"], name))
+            check_window(w, want, "channels_first")  # the recordings' layout
             n += 1
     if cache:
         assert ds.settle(timeout=120) and whole.settle(timeout=120)

@@ -227,13 +227,10 @@ def stale_partials(dst: str, below: Iterable[str] | None = None) -> list[str]:
     if is_url(dst):
         return []
     root = os.path.abspath(local_path(dst))
+    tops = [root] if below is None else [os.path.join(root, sub) for sub in set(below)]
     found: list[str] = []
-    if below is None:
-        for here, _, names in os.walk(root):
-            found += [os.path.join(here, n) for n in names if PARTIAL.fullmatch(n)]
-        return sorted(found)
-    for sub in sorted(set(below)):
-        for here, _, names in os.walk(os.path.join(root, sub)):
+    for top in tops:
+        for here, _, names in os.walk(top):
             found += [os.path.join(here, n) for n in names if PARTIAL.fullmatch(n)]
     return sorted(found)
 

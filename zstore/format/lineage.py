@@ -203,8 +203,8 @@ def cache_namespace(store_id: str, header: Mapping[str, Any]) -> str:
     """The namespace of a store read without its item table (zarr's API through
     :class:`zstore.read.CachedStore`): the store id, and the last append's id once
     there is one, so each append starts that namespace anew."""
-    appends = header.get(APPENDS) or ()
-    return f"{store_id}.{appends[-1]['id']}" if appends else store_id
+    ids = append_ids(header)
+    return f"{store_id}.{ids[-1]}" if ids else store_id
 
 
 __all__ = [

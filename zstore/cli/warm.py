@@ -11,7 +11,7 @@ from typing import Any
 from zstore.cache import CacheConfig
 from zstore.errors import ConfigError
 from zstore.format import Span, read_manifest
-from zstore.read import WindowReader, complete_in
+from zstore.read import WindowReader, complete_in, form_key
 
 
 def warm(
@@ -151,8 +151,8 @@ def share_residency(
             for s in range(-(-layout.length // layout.shard)):
                 total += 1
                 if db is not None and any(
-                    tiers.key(f"{layout.object_key(s)}{form}") in db
-                    for form in (f"#D{layout.decoded_tag}", "#E")
+                    form_key(tiers, layout, s, suffix, decoded) in db
+                    for suffix, decoded in (("#D", True), ("#E", False))
                 ):
                     resident += 1
                 elif db is not None and complete_in(tiers, layout, s):

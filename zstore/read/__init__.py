@@ -9,6 +9,7 @@ May import: :mod:`zstore.format`, :mod:`zstore.cache` and the shared leaves.  Ne
 :mod:`zstore.train`, :mod:`zstore.convert` or torch.
 """
 
+from zstore.read._ram_form import form_key
 from zstore.read._slot_shards import complete_in
 from zstore.read._window_copy import window_shape
 from zstore.read._zarr_store import CachedStore, open_store
@@ -19,6 +20,7 @@ __all__ = [
     "complete_in",
     "CachedStore",
     "copy_streamed",
+    "form_key",
     "open_store",
     "streaming",
     "window_shape",

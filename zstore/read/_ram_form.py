@@ -13,6 +13,14 @@ from zstore.read._maps import MappedValues
 MAX_KEYS = 1 << 16  # shard keys a form remembers (a dict of short strings)
 
 
+def form_key(
+    tiers: TieredCache, layout: ArrayLayout, s: int, suffix: str, decoded: bool = True
+) -> str:
+    """The tier key of shard ``s`` of ``layout`` in the RAM form whose keys end with
+    ``suffix``; a form of decoded values says their dtype (``ArrayLayout.decoded_tag``)."""
+    return tiers.key(f"{layout.object_key(s)}{suffix}{layout.decoded_tag if decoded else ''}")
+
+
 class RamForm:
     """A form of the RAM tier's values: the store's url, the tiers, the reader's chunk
     source, its maps of the tier's values and its queue of work behind the reads."""
@@ -46,7 +54,7 @@ class RamForm:
         if key is None:
             if len(self._keys) >= MAX_KEYS:
                 self._keys.clear()
-            key = self._keys[(layout.path, s)] = self.tiers.key(
-                f"{layout.object_key(s)}{self.suffix}{layout.decoded_tag if self.decoded else ''}"
+            key = self._keys[(layout.path, s)] = form_key(
+                self.tiers, layout, s, self.suffix, self.decoded
             )
         return key

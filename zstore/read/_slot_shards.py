@@ -13,6 +13,7 @@ from crc32c import crc32c
 from zstore.cache import TieredCache
 from zstore.cache.slots import Slots
 from zstore.format import ArrayLayout
+from zstore.read._ram_form import form_key
 
 #: the tier key's suffix of a shard in this form
 SUFFIX = "#C"
@@ -89,8 +90,7 @@ def complete_in(tiers: TieredCache, layout: ArrayLayout, s: int) -> bool:
     ram = tiers.ram
     if ram is None:
         return False
-    key = tiers.key(f"{layout.object_key(s)}{SUFFIX}{layout.decoded_tag}")
-    got = ram.get_mapped(key, count_miss=False)
+    got = ram.get_mapped(form_key(tiers, layout, s, SUFFIX), count_miss=False)
     if got is None or not got[0].slotted:
         return False
     try:

@@ -286,10 +286,11 @@ def s3():
 
 
 def manifest_of(store):
-    """The store's manifest, as readers see it."""
+    """The store's manifest, as readers see it, with the store's history (its sources,
+    appended files, what was left out) in ``extra`` as the converter reads it."""
     from zstore.format.manifest import read_manifest
 
-    return read_manifest(str(store), None)[0]
+    return read_manifest(str(store), None, history=True)[0]
 
 
 def edit_header(store, edit) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, cli, write_h5
+from conftest import assert_one_line_error, cli, manifest_of, write_h5
 
 import zstore
 from zstore.format.layout import MANIFEST_ATTR, PROGRESS_ATTR
@@ -154,7 +154,7 @@ def test_tidy_refuses_an_unfinished_conversion_and_what_is_no_store(tmp_path):
     store, _ = _appended_store(tmp_path, appends=0)
     meta_path = Path(store) / "zarr.json"
     meta = json.loads(meta_path.read_text())
-    fingerprint = meta["attributes"][MANIFEST_ATTR]["fingerprint"]
+    fingerprint = manifest_of(store).extra["fingerprint"]
     meta["attributes"] = {PROGRESS_ATTR: fingerprint}  # begun, not published
     meta_path.write_text(json.dumps(meta))
     partial = Path(store) / "u0_0" / "zarr.json.77.partial"

@@ -46,7 +46,7 @@ def _shown(manifest: Manifest, name: str) -> int | None:
 
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Items, arrays (rate, shape, chunking), total duration, bytes and codec of a store."""
-    manifest, metas = read_manifest(url, storage_options)
+    manifest, metas = read_manifest(url, storage_options, history=True)
     arrays: dict[str, dict[str, Any]] = {}
     for name, a in manifest.arrays.items():
         entry: dict[str, Any] = {

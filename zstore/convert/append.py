@@ -103,7 +103,7 @@ def append(
     check_options(1.0 if chunk_seconds is None else chunk_seconds, workers)
     with store_lock(dst, storage_options):
         try:
-            manifest, metas = read_manifest(dst, storage_options)
+            manifest, metas = read_manifest(dst, storage_options, history=True)
         except StoreFormatError as e:
             raise StoreFormatError(
                 f"{dst}: no finished zstore store to append to; convert "

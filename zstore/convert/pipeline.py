@@ -39,7 +39,7 @@ from zstore.convert._subgroups import check_subgroups
 from zstore.convert._tasks import cluster_client, local_pool
 from zstore.convert._values import value_lines, warn_nonfinite, with_precision, with_tally
 from zstore.convert._virtual import READ_BY, read_by_datasets
-from zstore.errors import DestinationError
+from zstore.errors import DestinationError, StoreFormatError
 from zstore.format import (
     MANIFEST_ATTR,
     PACK_SECONDS,
@@ -50,6 +50,8 @@ from zstore.format import (
     data_type,
     parse_precision,
     publish,
+    read_manifest,
+    same_conversion,
     shape_rows,
 )
 from zstore.urls import store_bytes, zarr_store
@@ -110,12 +112,13 @@ def _prepare_destination(
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
         root, attrs = None, {}
     if root is not None and not overwrite:
-        if attrs.get(MANIFEST_ATTR, {}).get("fingerprint") == fingerprint:
+        header = attrs.get(MANIFEST_ATTR)
+        if isinstance(header, dict) and same_conversion(header, fingerprint):
             return None, False
         if attrs.get(PROGRESS_ATTR) == fingerprint:
             return root, False
         if MANIFEST_ATTR in attrs or PROGRESS_ATTR in attrs:
-            old = attrs.get(MANIFEST_ATTR, {}).get("fingerprint") or attrs.get(PROGRESS_ATTR)
+            old = _converted_with(dst, storage_options) or attrs.get(PROGRESS_ATTR)
             raise DestinationError(
                 f"{dst} already holds a zstore store "
                 f"{'converted' if MANIFEST_ATTR in attrs else 'begun'} otherwise "
@@ -135,6 +138,16 @@ def _prepare_destination(
     # killed between the two left "a Zarr hierarchy" its rerun refused
     root = zarr.create_group(store, attributes={PROGRESS_ATTR: fingerprint})
     return root, True
+
+
+def _converted_with(dst: str, storage_options: dict[str, Any] | None) -> Any:
+    """The fingerprint of the conversion that made the finished store at ``dst``, from
+    its history (None where it cannot be read: the refusal then says less)."""
+    try:
+        manifest, _ = read_manifest(dst, storage_options, history=True)
+    except (StoreFormatError, OSError):
+        return None
+    return manifest.extra.get("fingerprint")
 
 
 def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:

@@ -12,6 +12,13 @@ read path, training or torch: a reader and the converter both stand on it.
 
 from zstore.format.attrs import decode_attrs, hdf5_attrs, hdf5_attrs_at, hdf5_attrs_of
 from zstore.format.decode import EMPTY, decode_chunk, decode_index, fill_chunk, strip_crc
+from zstore.format.history import (
+    HISTORY,
+    HISTORY_ATTR,
+    HISTORY_KEYS,
+    same_conversion,
+    source_count,
+)
 from zstore.format.layout import (
     DONE_ATTR,
     MANIFEST_ATTR,
@@ -84,6 +91,11 @@ from zstore.format.precision import (
 from zstore.format.sizing import Sizes, field_sizes, stored_objects
 
 __all__ = [
+    "HISTORY",
+    "HISTORY_ATTR",
+    "HISTORY_KEYS",
+    "same_conversion",
+    "source_count",
     "APPENDS",
     "Lineage",
     "append_ids",

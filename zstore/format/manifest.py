@@ -26,6 +26,7 @@ from crc32c import crc32c
 
 from zstore.errors import StoreFormatError, StoreReplacedError
 from zstore.format._table import pack
+from zstore.format.history import HISTORY_ATTR, split, with_history
 from zstore.format.layout import (
     MANIFEST_ATTR,
     PROGRESS_ATTR,
@@ -301,12 +302,16 @@ def read_manifest(
     tables: Callable[[str], str | None] | None = None,
     header: dict[str, Any] | None = None,
     open_file: Callable[[str, int], int] | None = None,
+    history: bool = False,
 ) -> tuple[Manifest, ArrayMetas]:
     """A store's manifest and its array metadata.
 
     ``tables(store_id)`` names a node directory to keep remote stores' item tables in;
     ``header`` (a format-2 root attribute read before, e.g. by the process that pickled
-    a reader) pins that view of the store instead of reading its root again.
+    a reader) pins that view of the store instead of reading its root again.  With
+    ``history``, ``Manifest.extra`` holds the store's history too (its sources, appended
+    files, what was left out: :mod:`zstore.format.history`), which only the converter
+    and ``zstore info`` read.
     """
     origin = Origin(url, storage_options, fs=fs)
     meta = {"attributes": {MANIFEST_ATTR: header}} if header else read_root(origin, url)
@@ -317,6 +322,8 @@ def read_manifest(
             "running); run the same zstore convert command again to finish it"
         )
     store_id = str(data.get("store_id", "")) if isinstance(data, dict) else ""
+    if history and isinstance(data, dict):
+        data = with_history(data, origin, url, data.get("table"))
 
     def table(key: str) -> memoryview:
         try:
@@ -337,8 +344,10 @@ def table_objects(
     shapes: dict[str, np.ndarray],
     present: dict[str, np.ndarray],
     placement: Placement | None = None,
+    history: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, bytes]]:
-    """A new table array's name and objects (``zarr.json`` and its one chunk)."""
+    """A new table array's name and objects (``zarr.json`` and its one chunk); the
+    store's ``history`` goes into the ``zarr.json``'s attributes."""
     extra = placement.sections() if placement is not None else None
     data = np.frombuffer(pack(names, shapes, present, extra), dtype=np.uint8)
     name = f"zstore_items_{uuid.uuid4().hex[:12]}"
@@ -348,7 +357,10 @@ def table_objects(
         data.shape,
         None,
         "none",
-        {"zstore": "the item table of this store (names and shapes)"},
+        {
+            "zstore": "the item table of this store (names and shapes)",
+            **({HISTORY_ATTR: history} if history else {}),
+        },
     )
     objects = {
         f"{name}/{k}": v for k, v in encode_array(data, data.shape, None, "none", -1).items()
@@ -387,9 +399,12 @@ def build(
     """A format-2 manifest of ``names`` with per-array ``(items, ndim)`` shapes (rows of
     -1 where an item lacks the array) and, for arrays some items lack, which have them
     (see :func:`shape_rows`); the pack groups and where items lie when some are packed;
-    and the objects of its item table."""
+    and the objects of its item table.  The history in ``extra`` (its sources, appended
+    files, what was left out) goes into the table's ``zarr.json``, its summary into the
+    header (:mod:`zstore.format.history`)."""
     placement = placement if packs else None
-    table, objects = table_objects(names, shapes, present, placement)
+    extra, history = split(extra)
+    table, objects = table_objects(names, shapes, present, placement, history)
     lengths = time_lengths(arrays, shapes)
     manifest = Manifest.of_table(
         names=names,
@@ -496,7 +511,7 @@ def current_shapes(
 def upgrade(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """Rewrite a format-1 store's manifest as format 2 (metadata only; chunks, store id
     and every cache entry stay valid).  A format-2 store is left as it is."""
-    manifest, metas = read_manifest(url, storage_options)
+    manifest, metas = read_manifest(url, storage_options, history=True)
     if manifest.shapes is not None:
         return manifest
     shapes, present = current_shapes(manifest, metas)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from zstore.errors import ConfigError, some_names
+from zstore.format import source_count
 from zstore.read import WindowReader
 
 ITEM_LIST_FORMS = (
@@ -81,7 +82,7 @@ def select_items(reader: WindowReader, items: Any, url: str) -> list[str]:
         names, text = read_item_list(os.fspath(items))
     else:
         names = [str(n) for n in items]
-    several = len(reader.manifest.extra.get("sources", [])) > 1
+    several = source_count(reader.manifest.extra) > 1
     names = resolve_names(names, known, url, by_stem=several, columns=text)
     unknown = [n for n in names if n not in known]
     if unknown:

@@ -187,6 +187,24 @@ def test_a_store_restored_under_a_running_job_stops_it(tmp_path, cached):
     assert levels(store, cache or cache_for(tmp_path, "auto"), ["n0"]) == {"n0": -2000}
 
 
+@pytest.mark.parametrize("append_again", [False, True])
+def test_a_worker_of_a_job_opened_before_a_restore_says_so(tmp_path, append_again):
+    """A DataLoader worker unpickles its job's reader after the store was restored from
+    a backup taken before the append the job saw: the item table it names is gone, and
+    the error says the store was restored, not that 'zstore tidy' removed the table."""
+    import pickle
+
+    store, backup, right = appended_wrong(tmp_path)
+    job = zstore.WindowDataset(store, window_seconds=None, cache=False)
+    shutil.rmtree(store)
+    shutil.copytree(backup, store)
+    if append_again:
+        zstore.append(right, store, workers=1, progress=False)
+    with pytest.raises(zstore.StoreReplacedError, match="restored from a backup") as e:
+        pickle.loads(pickle.dumps(job))[0]
+    assert "tidy" not in str(e.value)
+
+
 def test_a_read_cut_short_by_a_restored_store_says_the_store_was_replaced(tmp_path):
     """The job holds a shard's index from before the restore; the restored store's
     object is shorter, so the job's ranges reach past its end.  The failed read is

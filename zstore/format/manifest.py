@@ -35,6 +35,7 @@ from zstore.format.layout import (
     geometry,
     time_lengths,
 )
+from zstore.format.lineage import append_ids
 from zstore.format.objects import ObjectWriter, array_meta, dumps, encode_array, group_meta, handles
 from zstore.format.packs import PackGroup, Placement
 from zstore.format.sizing import array_totals
@@ -241,12 +242,15 @@ class TableMissingError(StoreFormatError):
     """A store's item table is missing (:func:`read_manifest` says why, where it can)."""
 
 
-def _table_gone(origin: Origin, url: str, store_id: str, table: str) -> None:
+def _table_gone(
+    origin: Origin, url: str, store_id: str, table: str, appends: Sequence[str] = ()
+) -> None:
     """Raise :class:`StoreReplacedError` where the item table ``table`` of store
-    ``store_id`` is missing because the store changed since its root was read: replaced
-    or being replaced (``--overwrite``), or appended to and the table then removed by
-    ``zstore tidy``.  Returns where the root still names that table (the store is
-    damaged)."""
+    ``store_id`` (with the appends ``appends``) is missing because the store changed
+    since its root was read: replaced or being replaced (``--overwrite``), restored
+    from a backup taken before some of those appends, or appended to and the table then
+    removed by ``zstore tidy``.  Returns where the root still names that table (the
+    store is damaged)."""
     try:
         now = read_root(origin, url).get("attributes", {})
     except StoreFormatError:
@@ -259,6 +263,14 @@ def _table_gone(origin: Origin, url: str, store_id: str, table: str) -> None:
             f"{table} is gone, and the root now names "
             f"{'store ' + str(header['store_id']) if header.get('store_id') else 'no finished store'}"
             "; a conversion with --overwrite?): open it again, or restart the job"
+        )
+    now_appends = append_ids(header)
+    if now_appends[: len(appends)] != list(appends):
+        raise StoreReplacedError(
+            f"{url}: the store was replaced while it was opened or read: it has the "
+            f"store id opened, but not the appends its item table {table} came from "
+            f"({len(appends)} then, {len(now_appends)} now): restored from a backup, or "
+            "another copy put in its place? Restart the job to read the store now there"
         )
     if str(header.get("table", "")) != table:
         raise StoreReplacedError(
@@ -331,7 +343,8 @@ def read_manifest(
                 origin, url, f"{key}/c/0", tables(store_id) if tables else None, store_id, open_file
             )
         except TableMissingError:
-            _table_gone(origin, url, store_id, key)  # raises where the store changed
+            # raises where the store changed
+            _table_gone(origin, url, store_id, key, append_ids(data))
             raise
 
     manifest = Manifest.from_json(data, url, table=table)

@@ -334,6 +334,7 @@ def read_manifest(
             "running); run the same zstore convert command again to finish it"
         )
     store_id = str(data.get("store_id", "")) if isinstance(data, dict) else ""
+    appends = append_ids(data) if isinstance(data, dict) else []
     if history and isinstance(data, dict):
         data = with_history(data, origin, url, data.get("table"))
 
@@ -344,7 +345,7 @@ def read_manifest(
             )
         except TableMissingError:
             # raises where the store changed
-            _table_gone(origin, url, store_id, key, append_ids(data))
+            _table_gone(origin, url, store_id, key, appends)
             raise
 
     manifest = Manifest.from_json(data, url, table=table)

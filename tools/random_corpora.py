@@ -405,10 +405,30 @@ def appends(seed: int, where: str, remote: bool) -> str:
         if dev_only and any(g.startswith("train/") for g in files[k][1]):
             zstore.append(files[k][0], store, **options, include=["train/*"])
             add(k)
+    # appended files may bring an array the store lacks (a speaker embedding), drawn
+    # from a generator of its own: the seeds' other draws stay what they were
+    extra = np.random.default_rng([seed, 7])
+    embedded: Data = {}
     for k in range(first, len(files)):
+        if extra.random() < 0.5:
+            with h5py.File(files[k][0], "a") as f:
+                for group in files[k][1]:
+                    emb = extra.standard_normal(16).astype(np.float32)
+                    f[f"{group}/emb"] = emb
+                    embedded[f"f{k}/{group}" if several else group] = {"emb": emb}
         for _ in range(int(rng.integers(1, 3))):  # again: "already in the store"
             zstore.append(files[k][0], store, **options)
         add(k)
+    if embedded:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the items without it, left out
+            ds = zstore.WindowDataset(
+                store, window_seconds=None, fields=["emb"], missing="skip", cache=False, **so
+            )
+        got = {ds[i]["item"]: ds[i]["emb"].numpy() for i in range(len(ds))}
+        assert set(got) == set(embedded), ("emb", sorted(set(got) ^ set(embedded)))
+        for item, arrays in embedded.items():
+            assert np.array_equal(got[item], arrays["emb"]), (item, "emb")
     ds = zstore.WindowDataset(store, window_seconds=None, fields=["wav", "act"], cache=False, **so)
     seen: set[str] = set()
     for i in range(len(ds)):
@@ -420,7 +440,11 @@ def appends(seed: int, where: str, remote: bool) -> str:
             assert np.array_equal(w[name].numpy(), want[w["item"]][name]), (w["item"], name)
     assert seen == set(want), ("missing", sorted(set(want) - seen))
     on = ", on S3" if so else ""
-    return f"{len(want)} items from {len(files)} files{on}, {first} converted, dev only {dev_only}"
+    emb = f", {len(embedded)} with an appended array" if embedded else ""
+    return (
+        f"{len(want)} items from {len(files)} files{on}, {first} converted, "
+        f"dev only {dev_only}{emb}"
+    )
 
 
 def _stored_items(store: str, storage_options: dict[str, Any] | None = None) -> Data:

@@ -133,6 +133,16 @@ def test_uneven_groups(tmp_path):
         )
     assert sorted(some[i]["item"] for i in range(len(some))) == ["rec0", "rec1"]
     assert some[0]["aux"].shape == (1, 200)
+    # an item list counts its own items only: none of these lacks aux, so no error
+    # naming rec2, which was not asked for; one that does is named, of the list's count
+    chosen = zstore.WindowDataset(
+        dst, window_seconds=1.0, cache=False, fields=["wav", "aux"], items=["rec1", "rec0"]
+    )
+    assert [chosen[i]["item"] for i in range(2)] == ["rec1", "rec0"]
+    with pytest.raises(zstore.ConfigError, match=r"1 of 2 item\(s\) lack.*'rec2'"):
+        zstore.WindowDataset(
+            dst, window_seconds=1.0, cache=False, fields=["wav", "aux"], items=["rec2", "rec0"]
+        )
     warmed = zstore_cli(
         "cache",
         "warm",

@@ -32,6 +32,7 @@ from zstore.convert._corpus import (
     stems,
 )
 from zstore.convert._items import Job
+from zstore.convert._new_arrays import planned_axes, planned_rates, with_new_arrays
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
 from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import extend
@@ -87,8 +88,11 @@ def append(
     items are rounded as the store's were): ``rates``, ``time_axis``, ``codec``,
     ``chunk_seconds``, ``precision``, ``pack_seconds``, ``dataset_items``,
     ``subgroups`` and ``dtypes`` may be given only to state what the store has
-    (anything else is refused before anything is written), and so are new arrays whose
-    dtype or number of dimensions differ from the store's.  A source appended before,
+    (anything else is refused before anything is written), and so are new items whose
+    arrays have another dtype or number of dimensions than the store's.  Arrays the
+    store lacks are added (the items before lack them): ``rates``, ``time_axis`` and
+    ``precision`` entries for them plan them as a conversion would
+    (:mod:`zstore.convert._new_arrays`).  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
     conversion or append at a time writes a store (see :mod:`zstore.convert._storelock`).
     ``include``/``exclude`` choose the new items as for :func:`zstore.convert.convert`.
@@ -128,7 +132,8 @@ def append(
         # that the store lacks are new (``--include 'dev/*'`` after ``'train/*'``)
         again = seen if include or exclude else []
         files = [f for f in files if f not in seen or f in again]
-        source = _plan_new(files, manifest, dst, include, exclude, again) if files else None
+        wanted = NewArrays(rates, axes, precision)
+        source = _plan_new(files, manifest, dst, wanted, include, exclude, again) if files else None
         if source is not None and again:
             given = {it.source for it in source.items}
             files = [f for f in files if f not in again or f in given]
@@ -152,7 +157,7 @@ def append(
         marks = tuple((f, identity_mark(identities[f])) for f in files)
         packs = plan_packs(
             source.items,
-            manifest.arrays,
+            source.arrays,  # the store's, and any it lacks that the new items bring
             manifest.codec,
             manifest.chunk_seconds,
             float(manifest.extra.get("pack_seconds", 0.0)),  # stores made before packing: 0
@@ -162,7 +167,7 @@ def append(
             files[0],
             dst,
             storage_options,
-            manifest.arrays,
+            source.arrays,
             manifest.chunk_seconds,
             manifest.codec,
             marks,
@@ -261,14 +266,14 @@ def _check_options_agree(
         refuse(f"--chunk-seconds {chunk_seconds:g}", f"{manifest.chunk_seconds:g} s chunks")
     for name, rate in (rates or {}).items():
         info = manifest.arrays.get(name)
+        if info is None:
+            continue  # a new array's (zstore.convert._new_arrays)
         has = (
-            "no such array"
-            if info is None
-            else f"'{name}' stored whole (no rate)"
+            f"'{name}' stored whole (no rate)"
             if info.rate is None
             else f"'{name}' at {info.rate:g}/s"
         )
-        same = info is not None and (
+        same = (
             info.rate is None
             if rate is None
             else info.rate is not None and float(rate) == float(info.rate)
@@ -277,13 +282,13 @@ def _check_options_agree(
             refuse(f"--rate {name}={'none' if rate is None else f'{rate:g}'}", has)
     for name, value in (precision or {}).items():
         given, info = parse_precision(name, value), manifest.arrays.get(name)
-        stated = None if info is None else info.precision
+        if info is None:
+            continue  # a new array's (zstore.convert._new_arrays)
+        stated = info.precision
         if stated is None or stated.bits != given.bits:
             refuse(
                 f"--precision {name}={value}",
-                "no such array"
-                if info is None
-                else f"'{name}' stored lossless"
+                f"'{name}' stored lossless"
                 if stated is None
                 else f"'{name}' kept to {stated.bits} mantissa bits ({stated.stated})",
             )
@@ -371,10 +376,25 @@ def _linked_from(f: str, candidates: list[str]) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class NewArrays:
+    """What an append's options say of arrays (the store's own only stated; those the
+    store lacks planned by them: :mod:`zstore.convert._new_arrays`)."""
+
+    rates: Mapping[str, float | None] | None = None
+    time_axis: int | Mapping[str, int] | None = None
+    precision: Mapping[str, int | str] | None = None
+
+    def names(self) -> set[str]:
+        axes = self.time_axis if isinstance(self.time_axis, Mapping) else {}
+        return set(self.rates or {}) | set(axes) | set(self.precision or {})
+
+
 def _plan_new(
     files: list[str],
     manifest: Manifest,
     dst: str,
+    given: NewArrays,
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
     again: Sequence[str] = (),
@@ -386,8 +406,8 @@ def _plan_new(
     # second append named its items unlike the first (and concurrent appends, by which
     # one published first).
     made_from = len(manifest.extra.get("sources", [])) - len(manifest.extra.get("appended", []))
-    rates = {n: a.rate for n, a in manifest.arrays.items()}  # the store's claims, whole too
-    axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
+    rates = planned_rates(manifest, given.rates)  # the store's claims, whole too
+    axes = planned_axes(manifest, given.time_axis)
     dataset_items = manifest.extra.get("dataset_items")  # as the conversion read its files
     casts = manifest.extra.get("dtypes")  # new items are cast as the store's were
     subgroups = manifest.extra.get("subgroups", "items")  # as the conversion read them
@@ -405,15 +425,10 @@ def _plan_new(
     prefix = stems(files) if made_from > 1 else None
     for it in source.items:
         it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group
-    unknown = sorted(n for n in source.arrays if n not in manifest.arrays)
-    if unknown:
-        raise SourceError(
-            f"{dst}: the new items have array(s) {unknown} that the store does "
-            f"not (arrays: {sorted(manifest.arrays)}); convert them separately"
-        )
+    arrays = with_new_arrays(manifest, source, dst, given.names(), given.precision)
     _check_same_form(source, manifest, dst)
     for name, info in source.arrays.items():
-        if info.rate != manifest.arrays[name].rate:
+        if name in manifest.arrays and info.rate != manifest.arrays[name].rate:
             raise SourceError(
                 f"{dst}: '{name}' is at {manifest.arrays[name].rate}/s in the "
                 f"store, {info.rate}/s in the new items; they must agree"
@@ -438,7 +453,7 @@ def _plan_new(
             "in the store already; nothing was written. Rename the groups, or "
             "append other files"
         )
-    source.arrays = dict(manifest.arrays)
+    source.arrays = arrays
     return source
 
 
@@ -447,7 +462,9 @@ def _check_same_form(source: SourcePlan, manifest: Manifest, dst: str) -> None:
     store's metadata and readers decode every item of an array as one dtype."""
     for it in source.items:
         for name, dtype in it.dtypes.items():
-            info = manifest.arrays[name]
+            info = manifest.arrays.get(name)
+            if info is None:
+                continue  # a new array: the scan checked it agrees across the new items
             if info.dtype is not None and data_type(np.dtype(dtype)) != info.dtype:
                 raise SourceError(
                     f"{it.source}: '{it.group}/{name}' is {np.dtype(dtype)}, but '{name}' "
@@ -477,11 +494,15 @@ def _extended(
     old_shapes, old_present = current_shapes(manifest, metas)
     new_shapes, new_present = shape_rows(
         [it.shapes for it in source.items],
-        manifest.arrays,
+        source.arrays,
         {n: rows.shape[1] for n, rows in old_shapes.items()},
     )
     n_old, n_new = len(manifest.items), len(source.items)
-    shapes = {n: np.concatenate([old_shapes[n], new_shapes[n]]) for n in manifest.arrays}
+    for name in source.arrays:
+        if name not in manifest.arrays:  # new: the items before lack it
+            old_shapes[name] = np.full((n_old, new_shapes[name].shape[1]), -1, dtype=np.int64)
+            old_present[name] = np.zeros(n_old, dtype=bool)
+    shapes = {n: np.concatenate([old_shapes[n], new_shapes[n]]) for n in source.arrays}
     present = {
         n: np.concatenate(
             [
@@ -491,7 +512,7 @@ def _extended(
         )
         for n in set(old_present) | set(new_present)
     }
-    arrays = dict(manifest.arrays)
+    arrays = dict(source.arrays)
     for name, info in with_dtypes(source).items():
         if arrays[name].dtype is None and info.dtype is not None:
             arrays[name] = dataclasses.replace(arrays[name], dtype=info.dtype)

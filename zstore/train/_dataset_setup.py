@@ -144,7 +144,12 @@ class DatasetSetup:
             self._short = self._empty = np.zeros(0, dtype=np.int64)
             self._check_window_size()
             return
-        lacking = np.union1d(self._lacking(manifest, names, untimed), untimed)
+        chosen = (  # an item list: only its items may lack fields (else all may)
+            None
+            if self._selected is None
+            else np.asarray([manifest.position(n) for n in self._selected], dtype=np.int64)
+        )
+        lacking = np.union1d(self._lacking(manifest, names, untimed, chosen), untimed)
         self._empty = np.zeros(0, dtype=np.int64)
         if self._coarse is not None:
             self._lengths = self._lengths[:]
@@ -155,10 +160,9 @@ class DatasetSetup:
         self._index, short = usable_items(
             self._lengths, self._window, self.short, self._items, np.union1d(lacking, self._empty)
         )
-        if self._selected is not None:  # an item list: its items, in its order
+        if chosen is not None:  # an item list: its items, in its order
             usable = np.zeros(len(self._items), dtype=bool)
             usable[self._index] = True
-            chosen = np.asarray([manifest.position(n) for n in self._selected], dtype=np.int64)
             self._index = chosen[usable[chosen]]
             short = np.intersect1d(short, chosen)
             self._empty = np.intersect1d(self._empty, chosen)
@@ -224,11 +228,16 @@ class DatasetSetup:
         return names, untimed
 
     def _lacking(
-        self, manifest: Any, names: list[str], untimed: np.ndarray | None = None
+        self,
+        manifest: Any,
+        names: list[str],
+        untimed: np.ndarray | None = None,
+        chosen: np.ndarray | None = None,
     ) -> np.ndarray:
         """Items without some of ``names`` (other than the ``untimed`` ones, left out
-        already): an error (``missing="error"``), or left out with a warning
-        (``missing="skip"``) when the dataset is built."""
+        already; of the ``chosen`` ones alone where an item list chose some): an error
+        (``missing="error"``), or left out with a warning (``missing="skip"``) when the
+        dataset is built."""
         if all(manifest.items_with(n) is None for n in names):
             return np.zeros(0, dtype=np.int64)
         has_all = np.ones(len(manifest.items), dtype=bool)
@@ -237,10 +246,13 @@ class DatasetSetup:
         if untimed is not None:
             has_all[untimed] = True
         lacking = np.flatnonzero(~has_all)
+        if chosen is not None:
+            lacking = np.intersect1d(lacking, chosen)
         if not len(lacking) or self._lacking_said:
             return lacking
         shown = some_names([manifest.items[i] for i in lacking[:5]], len(lacking))
-        what = f"{len(lacking)} of {len(manifest.items)} item(s) lack field(s) of {names}"
+        of = len(manifest.items) if chosen is None else len(np.unique(chosen))
+        what = f"{len(lacking)} of {of} item(s) lack field(s) of {names}"
         if self.missing == "error":
             raise ConfigError(
                 f"{self.url}: {what}: {shown}; pass missing='skip' to "

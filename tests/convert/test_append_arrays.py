@@ -1,0 +1,144 @@
+"""An append may bring arrays the store lacks (an embedding, a label, a new feature
+track): the items before it lack them, as items of a store converted from groups of
+unlike arrays do, and every value reads back equal, whole and as windows."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_one_line_error, cli, manifest_of, write_h5
+
+import zstore
+from zstore.format import round_mantissa
+
+
+def speech(seed: int, names: list[str], seconds: float, extra: bool) -> dict:
+    """Groups of int16-valued float ``wav`` (2 mics, 16 kHz; the k-th ``seconds`` x
+    (1 + k / 2) long); with ``extra``, also a
+    true-float speaker embedding ``emb`` (192,), frame activity ``act`` (2, 100/s) and
+    a scalar int ``label``."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, name in enumerate(names):
+        n = int(seconds * (1 + k / 2) * 16000)  # items of several lengths
+        arrays = {"wav": rng.integers(-3000, 3000, (2, n)).astype(np.float32)}
+        if extra:
+            arrays["emb"] = rng.standard_normal(192).astype(np.float32)
+            arrays["act"] = (rng.random((2, n // 160)) > 0.5).astype(np.float32)
+            arrays["label"] = np.array(int(rng.integers(0, 40)), dtype=np.int64)
+        out[name] = arrays
+    return out
+
+
+def stores(tmp_path: Path, seconds: float, pack_seconds: float):
+    old = speech(1, ["r0", "r1", "r2"], seconds, extra=False)
+    new = speech(2, ["n0", "n1"], seconds, extra=True)
+    dst = tmp_path / f"s{pack_seconds:g}.zarr"
+    zstore.convert(
+        write_h5(tmp_path / "base.h5", old),
+        dst,
+        rates={"wav": 16000},
+        workers=1,
+        progress=False,
+        pack_seconds=pack_seconds,
+    )
+    return dst, old, new
+
+
+@pytest.mark.parametrize("seconds, pack_seconds", [(4.0, 0), (1.5, 10.0)])
+def test_an_append_adds_arrays_the_store_lacks(tmp_path, seconds, pack_seconds):
+    dst, old, new = stores(tmp_path, seconds, pack_seconds)
+    before = zstore.WindowDataset(dst, window_seconds=None, cache=False)
+    src = write_h5(tmp_path / "new.h5", new)
+    report = zstore.append(src, dst, rates={"act": 100}, workers=1, progress=False)
+    assert report.converted == 2
+    manifest = manifest_of(dst)
+    assert list(manifest.arrays) == ["wav", "act", "emb", "label"]  # the new ones by name
+    assert manifest.arrays["act"].rate == 100 and manifest.arrays["emb"].rate is None
+    assert list(manifest.items) == ["r0", "r1", "r2", "n0", "n1"]
+    everything = {**old, **new}
+    cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="256MB", ssd_dir=None)
+    for tiers in (False, cache, cache):  # no tiers; cold tiers; warm tiers
+        ds = zstore.WindowDataset(dst, window_seconds=None, cache=tiers, fields=["wav"])
+        got = {ds[i]["item"]: ds[i]["wav"].numpy() for i in range(len(ds))}
+        assert set(got) == set(everything)
+        for name, arrays in everything.items():
+            assert np.array_equal(got[name], arrays["wav"]), name
+        fields = ["wav", "emb", "act", "label"]
+        with pytest.warns(UserWarning, match="3 of 5 item.*lack"):
+            ds = zstore.WindowDataset(
+                dst, window_seconds=None, cache=tiers, fields=fields, missing="skip"
+            )
+        assert len(ds) == 2
+        for i in range(2):
+            w = ds[i]
+            for f in fields:
+                assert np.array_equal(np.asarray(w[f]), new[w["item"]][f]), (w["item"], f)
+        # windows: act's frames aligned with wav's samples
+        with pytest.warns(UserWarning, match="3 of 5 item.*lack"):
+            ds = zstore.WindowDataset(
+                dst, window_seconds=1.0, cache=tiers, fields=["wav", "act"], missing="skip"
+            )
+        for i in range(len(ds)):
+            w = ds[i]
+            start = round(float(w["start"]) * 16000)  # seconds, on act's grid
+            src_wav, src_act = new[w["item"]]["wav"], new[w["item"]]["act"]
+            assert np.array_equal(w["wav"].numpy(), src_wav[:, start : start + 16000])
+            frame = start // 160
+            assert np.array_equal(w["act"].numpy(), src_act[:, frame : frame + 100])
+    # the default fields are the time arrays every item has: wav, of all five items
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False)
+    assert set(ds[0]) >= {"wav"} and "act" not in ds[0] and len(ds) == 5
+    # a new array asked for (missing="error"): one error naming the items that lack it
+    with pytest.raises(zstore.ConfigError, match="r0"):
+        zstore.WindowDataset(dst, window_seconds=None, cache=False, fields=["wav", "act"])
+    # a job opened before the append, and its workers, keep their view
+    assert len(before) == 3 and before.fields in (None, ["wav"])
+    worker = pickle.loads(pickle.dumps(before))
+    assert {worker[i]["item"] for i in range(3)} == {"r0", "r1", "r2"}
+    # a rerun adds nothing; a later file with some of the new arrays adds its items
+    assert zstore.append(src, dst, rates={"act": 100}, workers=1, progress=False).converted == 0
+    later = speech(3, ["m0"], seconds, extra=True)
+    del later["m0"]["act"]
+    zstore.append(write_h5(tmp_path / "later.h5", later), dst, workers=1, progress=False)
+    with pytest.warns(UserWarning, match="3 of 6 item.*lack"):
+        ds = zstore.WindowDataset(
+            dst, window_seconds=None, cache=False, fields=["emb", "label"], missing="skip"
+        )
+    got = {ds[i]["item"]: ds[i] for i in range(len(ds))}
+    assert set(got) == {"n0", "n1", "m0"}
+    assert np.array_equal(got["m0"]["emb"].numpy(), later["m0"]["emb"])
+    proc = cli("info", str(dst))
+    assert proc.returncode == 0 and "emb" in proc.stdout and "act" in proc.stdout
+
+
+def test_a_new_arrays_rate_is_given_or_inferred_and_checked(tmp_path):
+    dst, _, new = stores(tmp_path, 4.0, 0)
+    src = write_h5(tmp_path / "new.h5", new)
+    before = {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    # a rate for an array neither the store nor the new items have is refused
+    proc = cli("convert", src, str(dst), "--append", "--no-progress", "--rate", "nope=100")
+    assert_one_line_error(proc, "nope", "neither")
+    # the new array's dimensions disagree with each other across the new items
+    odd = dict(new)
+    odd["n1"] = {**new["n1"], "emb": np.zeros((2, 192), np.float32)}
+    proc = cli("convert", write_h5(tmp_path / "odd.h5", odd), str(dst), "--append", "--no-progress")
+    assert proc.returncode != 0 and "emb" in proc.stderr
+    assert {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()} == before
+    # without --rate, act's rate is inferred from its whole-number ratio to wav's; a
+    # precision stated for a new float array rounds it
+    proc = cli("convert", src, str(dst), "--append", "--no-progress", "--precision", "emb=10bits")
+    assert proc.returncode == 0, proc.stderr
+    manifest = manifest_of(dst)
+    assert manifest.arrays["act"].rate == 100 and manifest.arrays["emb"].precision.bits == 10
+    ds = zstore.WindowDataset(dst, window_seconds=None, cache=False, fields=["emb"], items=["n1"])
+    assert np.array_equal(ds[0]["emb"].numpy(), round_mantissa(new["n1"]["emb"], 10))
+    assert not np.array_equal(ds[0]["emb"].numpy(), new["n1"]["emb"])
+    # once in the store, the new array's rate and form are the store's
+    more = speech(4, ["k0"], 4.0, extra=True)
+    more["k0"]["emb"] = more["k0"]["emb"].astype(np.float64)
+    proc = cli("convert", write_h5(tmp_path / "more.h5", more), str(dst), "--append")
+    assert_one_line_error(proc, "'k0/emb'", "float64", "float32")

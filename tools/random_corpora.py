@@ -440,10 +440,10 @@ def appends(seed: int, where: str, remote: bool) -> str:
             assert np.array_equal(w[name].numpy(), want[w["item"]][name]), (w["item"], name)
     assert seen == set(want), ("missing", sorted(set(want) - seen))
     on = ", on S3" if so else ""
-    emb = f", {len(embedded)} with an appended array" if embedded else ""
+    brought = f", {len(embedded)} with an appended array" if embedded else ""
     return (
         f"{len(want)} items from {len(files)} files{on}, {first} converted, "
-        f"dev only {dev_only}{emb}"
+        f"dev only {dev_only}{brought}"
     )
 
 

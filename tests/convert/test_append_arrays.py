@@ -142,3 +142,39 @@ def test_a_new_arrays_rate_is_given_or_inferred_and_checked(tmp_path):
     more["k0"]["emb"] = more["k0"]["emb"].astype(np.float64)
     proc = cli("convert", write_h5(tmp_path / "more.h5", more), str(dst), "--append")
     assert_one_line_error(proc, "'k0/emb'", "float64", "float32")
+
+
+def test_a_new_array_takes_the_conversions_one_time_axis(tmp_path):
+    """A store converted with one time axis for all (``time_axis=0``: (samples, mics)
+    files) gives it to an array an append brings; a 1-D array stored whole stays so."""
+    rng = np.random.default_rng(5)
+
+    def group(n: int, act: bool) -> dict:
+        out = {
+            "wav": rng.integers(-900, 900, (n, 2)).astype(np.float32),
+            "spk": rng.standard_normal(8).astype(np.float32),  # 1-D: whole
+        }
+        if act:
+            out["act"] = (rng.random((n // 160, 3)) > 0.5).astype(np.float32)
+        return out
+
+    base = write_h5(tmp_path / "b.h5", {"r0": group(32000, False), "r1": group(48000, False)})
+    dst = tmp_path / "t.zarr"
+    zstore.convert(
+        base, dst, rates={"wav": 16000}, time_axis=0, workers=1, progress=False, pack_seconds=0
+    )
+    new = {"n0": group(32000, True), "n1": group(64000, True)}
+    zstore.append(write_h5(tmp_path / "n.h5", new), dst, workers=1, progress=False)
+    arrays = manifest_of(dst).arrays
+    assert arrays["act"].rate == 100 and arrays["act"].time_axis == 0
+    assert arrays["spk"].rate is None
+    with pytest.warns(UserWarning, match="lack"):
+        ds = zstore.WindowDataset(
+            dst, window_seconds=1.0, fields=["wav", "act"], missing="skip", cache=False
+        )
+    for i in range(len(ds)):
+        w = ds[i]
+        start = round(float(w["start"]) * 16000)
+        assert np.array_equal(w["wav"].numpy(), new[w["item"]]["wav"][start : start + 16000])
+        frame = start // 160
+        assert np.array_equal(w["act"].numpy(), new[w["item"]]["act"][frame : frame + 100])

@@ -9,7 +9,8 @@ stays as it is: its arrays' rates, time axes, dtypes and dimensions bind the new
 A new array is planned as a conversion plans one: a rate given with ``--rate`` (only
 for arrays the store lacks: the store's own are stated, not changed), or inferred from
 a whole-number length ratio to a rated array, else stored whole; its time axis from
-``--time-axis NAME=A``, else the conversion's one axis where it gave one, else the last;
+``--time-axis NAME=A``; where the append gives no ``--time-axis``, the conversion's one
+axis for all where it gave one; else the last;
 a ``--precision`` stated for it rounds it.  A name given that neither the store nor the
 new items have is refused, as a conversion refuses it.
 """

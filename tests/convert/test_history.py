@@ -177,3 +177,38 @@ def test_history_on_s3(tmp_path, s3):
         stem = os.path.splitext(os.path.basename(path))[0]
         assert np.array_equal(got[f"{stem}/{stem}"], wav)
     assert "sources" not in read_manifest(url, options)[0].extra  # readers go without
+
+
+def test_zstore_upgrade_moves_the_history_out_of_the_root(tmp_path):
+    """A store written before, with no append to come, shrinks its root with `zstore
+    upgrade`: metadata only, under the store's lock; a job opened before reads on."""
+    src = files(tmp_path / "src", [f"rec{i:02d}" for i in range(30)])
+    store = tmp_path / "old.zarr"
+    convert(tmp_path / "src", store)
+    history = manifest_of(store).extra
+    moved = {k: history[k] for k in ("fingerprint", "sources")}
+    edit_header(store, lambda h: {**{k: v for k, v in h.items() if k != "history"}, **moved})
+    big = root_size(store)
+    cache = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=None)
+    job = zstore.WindowDataset(store, window_seconds=None, cache=cache)
+    by_stem = {os.path.splitext(os.path.basename(p))[0]: v for p, v in src.items()}
+
+    def check(ds, which):
+        for i in which:
+            w = ds[i]
+            assert np.array_equal(w["wav"].numpy(), by_stem[w["item"].split("/")[-1]])
+
+    check(job, range(5))
+    proc = zstore_cli("upgrade", str(store))
+    assert proc.returncode == 0, proc.stderr
+    assert "history" in proc.stdout and "no chunk" in proc.stdout
+    assert root_size(store) < big - 30 * 100
+    # the job reads on: items not read before come in rounds that check the new root
+    check(job, range(len(job)))
+    read_all(store, src)  # a job opened now, without tiers
+    check(zstore.WindowDataset(store, window_seconds=None, cache=cache), range(30))
+    manifest = manifest_of(store)
+    assert manifest.extra["fingerprint"] == moved["fingerprint"]
+    assert convert(tmp_path / "src", store).converted == 0  # the rerun still does nothing
+    again = zstore_cli("upgrade", str(store))
+    assert again.returncode == 0 and "nothing to do" in again.stdout

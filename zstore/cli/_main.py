@@ -181,17 +181,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
-    from zstore.format import read_manifest, upgrade
+    from zstore.convert.upgrade import upgrade_store
 
-    before = read_manifest(args.store, _storage_options(args))[0]
-    if before.shapes is not None:
-        print(f"{args.store}: already format 2; nothing to do")
-        return 0
-    new = upgrade(args.store, _storage_options(args))
-    print(
-        f"{args.store}: manifest rewritten as format 2 ({len(new.items)} items, store id "
-        f"{new.store_id} kept; no chunk was touched)"
-    )
+    print(upgrade_store(args.store, _storage_options(args)))
     return 0
 
 
@@ -485,7 +477,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
-        "upgrade", help="rewrite an older store's manifest in the current format (metadata only)"
+        "upgrade",
+        help="rewrite an older store's manifest in the current format (metadata only: "
+        "format 1 to 2; a root holding the store's history gets it moved beside the "
+        "item table)",
     )
     p.add_argument("store", help="store path or fsspec URL")
     _remote_options(p)

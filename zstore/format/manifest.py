@@ -26,7 +26,7 @@ from crc32c import crc32c
 
 from zstore.errors import StoreFormatError, StoreReplacedError
 from zstore.format._table import pack
-from zstore.format.history import HISTORY_ATTR, split, with_history
+from zstore.format.history import HISTORY_ATTR, HISTORY_KEYS, split, with_history
 from zstore.format.layout import (
     MANIFEST_ATTR,
     PROGRESS_ATTR,
@@ -522,15 +522,21 @@ def current_shapes(
     return shape_rows(items, manifest.arrays)
 
 
-def upgrade(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
-    """Rewrite a format-1 store's manifest as format 2 (metadata only; chunks, store id
-    and every cache entry stay valid).  A format-2 store is left as it is."""
+def upgrade(url: str, storage_options: dict[str, Any] | None = None) -> Manifest | None:
+    """Rewrite a store's manifest as this zstore writes it (metadata only; chunks, store
+    id, the record of appends and every cache entry stay valid): a format-1 store's as
+    format 2, and a format-2 store's whose root holds its history with the history
+    beside the item table (:mod:`zstore.format.history`).  None, and nothing written,
+    where it is written so already.  The caller holds the store's write lock."""
     manifest, metas = read_manifest(url, storage_options, history=True)
-    if manifest.shapes is not None:
-        return manifest
-    shapes, present = current_shapes(manifest, metas)
     arrays = dict(manifest.arrays)
-    for name in arrays:
+    if manifest.shapes is not None and not any(
+        k in read_root(Origin(url, storage_options), url)["attributes"][MANIFEST_ATTR]
+        for k in HISTORY_KEYS
+    ):
+        return None
+    shapes, present = current_shapes(manifest, metas)
+    for name in arrays if manifest.shapes is None else ():
         first = manifest.first_with(name)
         meta = metas.consolidated.get(f"{first}/{name}") if first is not None else None
         if meta is not None and arrays[name].dtype is None:
@@ -548,6 +554,8 @@ def upgrade(url: str, storage_options: dict[str, Any] | None = None) -> Manifest
         codec=manifest.codec,
         chunk_seconds=manifest.chunk_seconds,
         extra=dict(manifest.extra),
+        packs=manifest.packs,
+        placement=manifest.placement,
     )
     publish(url, storage_options, new.header(), table)
     return new

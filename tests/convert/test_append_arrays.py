@@ -178,3 +178,40 @@ def test_a_new_array_takes_the_conversions_one_time_axis(tmp_path):
         assert np.array_equal(w["wav"].numpy(), new[w["item"]]["wav"][start : start + 16000])
         frame = start // 160
         assert np.array_equal(w["act"].numpy(), new[w["item"]]["act"][frame : frame + 100])
+
+
+def test_a_new_float_array_is_cast_as_the_append_says_and_later_appends_follow(tmp_path):
+    """Two new files whose embeddings are float32 in one and float64 in the other: the
+    scan's advice (``--dtype emb=float32``) is taken by the append, the store records
+    the cast, and a later append casts its float64 embeddings the same way."""
+    dst, _, _ = stores(tmp_path, 4.0, 0)
+    rng = np.random.default_rng(8)
+
+    def emb_file(name: str, group: str, dtype) -> tuple[str, np.ndarray]:
+        emb = rng.standard_normal(24).astype(dtype)
+        wav = rng.integers(-900, 900, (2, 48000)).astype(np.float32)
+        return write_h5(tmp_path / name, {group: {"wav": wav, "emb": emb}}), emb
+
+    b, emb_b = emb_file("b.h5", "b0", np.float32)
+    c, emb_c = emb_file("c.h5", "c0", np.float64)
+    proc = cli("convert", b, c, str(dst), "--append", "--no-progress")
+    assert_one_line_error(proc, "emb", "--dtype emb=float32")
+    proc = cli("convert", b, c, str(dst), "--append", "--no-progress", "--dtype", "emb=float32")
+    assert proc.returncode == 0, proc.stderr
+    manifest = manifest_of(dst)
+    assert manifest.arrays["emb"].dtype == "float32"
+    assert manifest.extra["dtypes"] == {"emb": "float32"}
+    d, emb_d = emb_file("d.h5", "d0", np.float64)
+    zstore.append(d, dst, workers=1, progress=False)  # cast as the store's were
+    with pytest.warns(UserWarning, match="lack"):
+        ds = zstore.WindowDataset(
+            dst, window_seconds=None, fields=["emb"], missing="skip", cache=False
+        )
+    got = {ds[i]["item"]: ds[i]["emb"].numpy() for i in range(len(ds))}
+    assert got.keys() == {"b0", "c0", "d0"} and all(v.dtype == np.float32 for v in got.values())
+    assert np.array_equal(got["b0"], emb_b)
+    assert np.array_equal(got["c0"], emb_c.astype(np.float32))
+    assert np.array_equal(got["d0"], emb_d.astype(np.float32))
+    # the store's own casts are stated, not changed: wav was not cast
+    proc = cli("convert", d, str(dst), "--append", "--no-progress", "--dtype", "wav=float16")
+    assert_one_line_error(proc, "--dtype", "the store has")

@@ -11,7 +11,8 @@ for arrays the store lacks: the store's own are stated, not changed), or inferre
 a whole-number length ratio to a rated array, else stored whole; its time axis from
 ``--time-axis NAME=A``; where the append gives no ``--time-axis``, the conversion's one
 axis for all where it gave one; else the last;
-a ``--precision`` stated for it rounds it.  A name given that neither the store nor the
+a ``--precision`` stated for it rounds it, a ``--dtype`` casts it (the manifest keeps
+the cast, as a conversion's, for the appends after).  A name given that neither the store nor the
 new items have is refused, as a conversion refuses it.
 """
 

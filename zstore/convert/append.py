@@ -90,8 +90,8 @@ def append(
     ``subgroups`` and ``dtypes`` may be given only to state what the store has
     (anything else is refused before anything is written), and so are new items whose
     arrays have another dtype or number of dimensions than the store's.  Arrays the
-    store lacks are added (the items before lack them): ``rates``, ``time_axis`` and
-    ``precision`` entries for them plan them as a conversion would
+    store lacks are added (the items before lack them): ``rates``, ``time_axis``,
+    ``precision`` and ``dtypes`` entries for them plan them as a conversion would
     (:mod:`zstore.convert._new_arrays`).  A source appended before,
     unchanged, adds nothing (a rerun is safe); one changed since is refused.  One
     conversion or append at a time writes a store (see :mod:`zstore.convert._storelock`).
@@ -132,7 +132,7 @@ def append(
         # that the store lacks are new (``--include 'dev/*'`` after ``'train/*'``)
         again = seen if include or exclude else []
         files = [f for f in files if f not in seen or f in again]
-        wanted = NewArrays(rates, axes, precision)
+        wanted = NewArrays(rates, axes, precision, dtypes)
         source = _plan_new(files, manifest, dst, wanted, include, exclude, again) if files else None
         if source is not None and again:
             given = {it.source for it in source.items}
@@ -190,7 +190,13 @@ def append(
         )
         source.arrays = with_tally(source.arrays, tally)
         new, table = _extended(
-            manifest, metas, source, [identities[f] for f in files], nbytes, packs
+            manifest,
+            metas,
+            source,
+            [identities[f] for f in files],
+            nbytes,
+            packs,
+            wanted.casts(manifest),
         )
         check_unchanged(source.items, "append it again")
         check_versions([identities[f] for f in files], "append it again")
@@ -246,9 +252,10 @@ def _check_options_agree(
     if pack_seconds is not None and float(pack_seconds) != packs:
         refuse(f"--pack-seconds {pack_seconds:g}", f"items packed of at most {packs:g} s")
     cast = manifest.extra.get("dtypes", {})
-    if dtypes is not None and {n: str(d) for n, d in dtypes.items()} != cast:
+    for_store = {n: str(d) for n, d in (dtypes or {}).items() if n in manifest.arrays}
+    if any(cast.get(n) != d for n, d in for_store.items()):  # others: new arrays' casts
         refuse(
-            f"--dtype {dict(dtypes)}",
+            f"--dtype {for_store}",
             f"casts of {cast or 'no array'} (new items are cast as its items were)",
         )
     made = manifest.extra.get("dataset_items")
@@ -384,10 +391,18 @@ class NewArrays:
     rates: Mapping[str, float | None] | None = None
     time_axis: int | Mapping[str, int] | None = None
     precision: Mapping[str, int | str] | None = None
+    dtypes: Mapping[str, str] | None = None
 
     def names(self) -> set[str]:
         axes = self.time_axis if isinstance(self.time_axis, Mapping) else {}
-        return set(self.rates or {}) | set(axes) | set(self.precision or {})
+        given = (self.rates, axes, self.precision, self.dtypes)
+        return {n for option in given for n in option or {}}
+
+    def casts(self, manifest: Manifest) -> dict[str, str]:
+        """The store's casts, and those given for arrays it lacks: new items are cast as
+        the store's were, and the manifest keeps both for the appends after."""
+        new = {n: str(d) for n, d in (self.dtypes or {}).items() if n not in manifest.arrays}
+        return {**manifest.extra.get("dtypes", {}), **new}
 
 
 def _plan_new(
@@ -409,7 +424,7 @@ def _plan_new(
     rates = planned_rates(manifest, given.rates)  # the store's claims, whole too
     axes = planned_axes(manifest, given.time_axis)
     dataset_items = manifest.extra.get("dataset_items")  # as the conversion read its files
-    casts = manifest.extra.get("dtypes")  # new items are cast as the store's were
+    casts = given.casts(manifest)  # new items are cast as the store's were
     subgroups = manifest.extra.get("subgroups", "items")  # as the conversion read them
     source = plan(
         files,
@@ -489,8 +504,10 @@ def _extended(
     identities: list[dict[str, Any]],
     nbytes: int,
     packs: PackPlan,
+    casts: dict[str, str],
 ) -> tuple[Manifest, dict[str, bytes]]:
-    """The store's manifest with the new items after the old ones (same store id)."""
+    """The store's manifest with the new items after the old ones (same store id);
+    ``casts`` the store's, with those of the arrays it gains."""
     old_shapes, old_present = current_shapes(manifest, metas)
     new_shapes, new_present = shape_rows(
         [it.shapes for it in source.items],
@@ -533,6 +550,8 @@ def _extended(
     if source.skipped:
         extra["skipped"] = extend(list(extra.get("skipped", [])), list(source.skipped))
     extra["store_bytes"] = nbytes
+    if casts:  # absent otherwise: stores without casts keep their header
+        extra["dtypes"] = casts
     names = list(manifest.items) + [it.name for it in source.items]
     packed_arrays = sorted({n for g in packs.groups for n in g.shapes})
     before = manifest.placement or Placement.unpacked(n_old, packed_arrays)

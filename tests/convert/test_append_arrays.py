@@ -178,6 +178,16 @@ def test_a_new_array_takes_the_conversions_one_time_axis(tmp_path):
         assert np.array_equal(w["wav"].numpy(), new[w["item"]]["wav"][start : start + 16000])
         frame = start // 160
         assert np.array_equal(w["act"].numpy(), new[w["item"]]["act"][frame : frame + 100])
+    # an append that states one array's axis: the other new arrays still take the
+    # conversion's one axis, not the last
+    more = {"k0": group(32000, True), "k1": group(48000, True)}
+    for g in more.values():
+        g["feats"] = rng.standard_normal((g["wav"].shape[0] // 160, 4)).astype(np.float32)
+    zstore.append(
+        write_h5(tmp_path / "k.h5", more), dst, time_axis={"act": 0}, workers=1, progress=False
+    )
+    feats = manifest_of(dst).arrays["feats"]
+    assert feats.rate == 100 and feats.time_axis == 0
 
 
 def test_a_new_float_array_is_cast_as_the_append_says_and_later_appends_follow(tmp_path):

@@ -9,11 +9,10 @@ stays as it is: its arrays' rates, time axes, dtypes and dimensions bind the new
 A new array is planned as a conversion plans one: a rate given with ``--rate`` (only
 for arrays the store lacks: the store's own are stated, not changed), or inferred from
 a whole-number length ratio to a rated array, else stored whole; its time axis from
-``--time-axis NAME=A``; where the append gives no ``--time-axis``, the conversion's one
-axis for all where it gave one; else the last;
-a ``--precision`` stated for it rounds it, a ``--dtype`` casts it (the manifest keeps
-the cast, as a conversion's, for the appends after).  A name given that neither the store nor the
-new items have is refused, as a conversion refuses it.
+``--time-axis NAME=A``, else the conversion's one axis for all where it gave one, else
+the last; a ``--precision`` stated for it rounds it, a ``--dtype`` casts it (the
+manifest keeps the cast, as a conversion's, for the appends after).  A name given that
+neither the store nor the new items have is refused, as a conversion refuses it.
 """
 
 from __future__ import annotations
@@ -29,21 +28,21 @@ from zstore.format import ArrayInfo, Manifest, parse_precision
 
 def planned_axes(
     manifest: Manifest, time_axis: int | Mapping[str, int] | None
-) -> int | dict[str, int]:
-    """The time axis option the append's scan takes: the store's arrays' own axes, with
-    those given for new arrays; one axis for all where the append or the conversion
-    gave one (the store's arrays were made with it; an append's is checked against
-    them first)."""
+) -> tuple[int | dict[str, int], int]:
+    """The time axis option the append's scan takes, and the axis of the arrays a dict
+    of them does not name: one axis for all where the append gave one (checked against
+    the store's arrays first); else the store's arrays' own axes with those given for
+    new arrays, the others on the conversion's one axis where it gave one (the store's
+    arrays were made with it), else the last."""
     if isinstance(time_axis, int):
-        return time_axis
+        return time_axis, time_axis
     made = (manifest.extra.get("fingerprint") or {}).get("options", {}).get("time_axis")
-    if time_axis is None and isinstance(made, int) and not isinstance(made, bool):
-        return made
+    others = made if isinstance(made, int) and not isinstance(made, bool) else -1
     axes = {n: a.time_axis for n, a in manifest.arrays.items() if a.time_axis is not None}
     for name, axis in (time_axis or {}).items():
         if name not in manifest.arrays:
             axes[name] = axis
-    return axes
+    return axes, others
 
 
 def planned_rates(

@@ -195,11 +195,13 @@ def time_axes(
     ndims: dict[str, int],
     rates: dict[str, float],
     path: str,
+    others: int = -1,
 ) -> dict[str, int | None]:
     """Each array's time axis (non-negative; None where out of range for an array
-    without a rate): ``time_axis`` is one axis for all, or {name: axis} (others -1)."""
+    without a rate): ``time_axis`` is one axis for all, or {name: axis} (others
+    ``others``)."""
     per = dict(time_axis) if isinstance(time_axis, dict) else {}
-    default = -1 if isinstance(time_axis, dict) else time_axis
+    default = others if isinstance(time_axis, dict) else time_axis
     for name, axis in [("", default), *per.items()]:
         if isinstance(axis, bool) or not isinstance(axis, int):
             what = f"{name}={axis!r}" if name else repr(axis)
@@ -237,6 +239,7 @@ def plan(
     include: list[str] | None = None,
     exclude: list[str] | None = None,
     subgroups: str = "items",
+    other_axes: int = -1,
 ) -> SourcePlan:
     """Scan the source file(s) and decide the rate of every array; raise on
     contradictions.  ``pool``: worker processes that may share the scan of a large
@@ -248,7 +251,8 @@ def plan(
     ``casts``: {array: float dtype} the store keeps (:mod:`zstore.convert._casts`).
     ``include``/``exclude``: patterns of the items taken (:mod:`zstore.convert._select`).
     ``subgroups``: groups inside an item's group are ``"items"`` of their own or hold
-    ``"arrays"`` of it (:mod:`zstore.convert._subgroups`).
+    ``"arrays"`` of it (:mod:`zstore.convert._subgroups`).  ``other_axes``: the time
+    axis of arrays a ``time_axis`` dict does not name.
 
     A time axis is a claim: an array gets a rate when ``rates`` gives it, or when it has
     the same whole-number length ratio to a given one in items of at least two lengths
@@ -294,7 +298,7 @@ def plan(
                 "store the array whole"
             )
     ndims = {n: len(next(it for it in items if n in it.shapes).shapes[n]) for n in names}
-    axes = time_axes(time_axis, names, ndims, rated, path)
+    axes = time_axes(time_axis, names, ndims, rated, path, other_axes)
     arrays: dict[str, ArrayInfo] = {}
     for n in names:
         if n in rated:

@@ -422,7 +422,7 @@ def _plan_new(
     # one published first).
     made_from = len(manifest.extra.get("sources", [])) - len(manifest.extra.get("appended", []))
     rates = planned_rates(manifest, given.rates)  # the store's claims, whole too
-    axes = planned_axes(manifest, given.time_axis)
+    axes, other_axes = planned_axes(manifest, given.time_axis)
     dataset_items = manifest.extra.get("dataset_items")  # as the conversion read its files
     casts = given.casts(manifest)  # new items are cast as the store's were
     subgroups = manifest.extra.get("subgroups", "items")  # as the conversion read them
@@ -436,6 +436,7 @@ def _plan_new(
         include=list(include or []),
         exclude=list(exclude or []),
         subgroups=subgroups,
+        other_axes=other_axes,
     )
     prefix = stems(files) if made_from > 1 else None
     for it in source.items:

@@ -112,6 +112,8 @@ def test_zstore_info_shows_what_the_history_holds(tmp_path):
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert any("words" in line for line in info["skipped"]), info["skipped"]
+    assert len(info["sources"]) == 2 and info["appended_sources"] == 0
+    assert "sources: 2 file(s) (a.h5, b.h5)" in info["text"]
     with open(tmp_path / "s.zarr" / "zarr.json") as f:
         header = json.load(f)["attributes"][MANIFEST_ATTR]
     assert "skipped" not in header and "sources" not in header and "fingerprint" not in header

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -134,6 +135,16 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         f"{format_size(nbytes)}, codec {manifest.codec} + crc32c, "
         f"chunks of {manifest.chunk_seconds:g} s",
     ]
+    sources = [str(x) for x in manifest.extra.get("sources", [])]
+    appended = len(manifest.extra.get("appended", []))
+    info["sources"], info["appended_sources"] = sources, appended
+    if sources:  # stores made before the history was kept may have none
+        shown = ", ".join(os.path.basename(x) for x in sources[:3])
+        more = f", ... ({len(sources) - 3} more)" if len(sources) > 3 else ""
+        lines.append(
+            f"sources: {len(sources)} file(s) ({shown}{more})"
+            + (f", {appended} of them appended" if appended else "")
+        )
     made_of = manifest.extra.get("dataset_items")
     info["dataset_items"] = made_of
     if made_of:

@@ -29,6 +29,10 @@ from zstore.origin import Origin
 from zstore.read._replaced import ROOT, StoreCheck
 from zstore.urls import is_url, zarr_store
 
+#: an object read whole as the range from its first byte: one request, where s3fs reads
+#: a whole object with a HEAD for its size first (two round trips in every round)
+WHOLE = OffsetByteRequest(0)
+
 _READ_ONLY = "store was opened in read-only mode and does not support writing"
 
 
@@ -165,11 +169,12 @@ class CachedStore(Store):
         shard's chunks one ``get`` at a time, so a round is mostly one chunk.)"""
         check = self._check
         reads: list[Any] = [
-            self._origin.get(key, prototype, byte_range) for key, byte_range in wanted
+            self._origin.get(key, prototype, WHOLE if byte_range is None else byte_range)
+            for key, byte_range in wanted
         ]
         remote_check = check is not None and self._local_origin is None
         if remote_check:
-            reads.append(self._origin.get(ROOT, prototype))
+            reads.append(self._origin.get(ROOT, prototype, WHOLE))
         bufs: list[Buffer | None] = list(await asyncio.gather(*reads))
         if check is not None and self._local_origin is not None:
             check.now(self._local_origin)

@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 
 from zstore.convert._source import SourcePlan
 from zstore.convert._values import with_precision
-from zstore.convert.pipeline import with_dtypes
+from zstore.convert.pipeline import dtypes_of, with_dtypes
 from zstore.errors import SourceError
 from zstore.format import ArrayInfo, Manifest, parse_precision
 
@@ -80,14 +80,10 @@ def with_new_arrays(
     if not new:
         return out
     planned = with_dtypes(source)
-    dtypes: dict[str, set[str]] = {}
-    for it in source.items:
-        for name, dt in it.dtypes.items():
-            dtypes.setdefault(name, set()).add(str(dt))
     stated = {
         n: parse_precision(n, v) for n, v in (precision or {}).items() if n not in manifest.arrays
     }
-    planned = with_precision({n: planned[n] for n in new}, dtypes, stated, dst)
+    planned = with_precision({n: planned[n] for n in new}, dtypes_of(source), stated, dst)
     for name in new:
         out[name] = planned[name]
     return out

@@ -295,7 +295,7 @@ def convert(
             exclude=chosen["exclude"],
             subgroups=subgroups,
         )
-        source.arrays = with_precision(with_dtypes(source), _dtypes(source), stated, src)
+        source.arrays = with_precision(with_dtypes(source), dtypes_of(source), stated, src)
         check_chunks(source, chunk_seconds)
         check_destination(dst, storage_options)
         packs = plan_packs(source.items, source.arrays, codec, chunk_seconds, pack_seconds)
@@ -430,7 +430,7 @@ def _manifest(
     )
 
 
-def _dtypes(source: SourcePlan) -> dict[str, set[str]]:
+def dtypes_of(source: SourcePlan) -> dict[str, set[str]]:
     """Per array, the dtypes its items have."""
     out: dict[str, set[str]] = {}
     for it in source.items:

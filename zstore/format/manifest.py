@@ -26,7 +26,7 @@ from crc32c import crc32c
 
 from zstore.errors import StoreFormatError, StoreReplacedError
 from zstore.format._table import pack
-from zstore.format.history import HISTORY_ATTR, HISTORY_KEYS, split, with_history
+from zstore.format.history import HISTORY, HISTORY_ATTR, HISTORY_KEYS, split, with_history
 from zstore.format.layout import (
     MANIFEST_ATTR,
     PROGRESS_ATTR,
@@ -530,10 +530,9 @@ def upgrade(url: str, storage_options: dict[str, Any] | None = None) -> Manifest
     where it is written so already.  The caller holds the store's write lock."""
     manifest, metas = read_manifest(url, storage_options, history=True)
     arrays = dict(manifest.arrays)
-    if manifest.shapes is not None and not any(
-        k in read_root(Origin(url, storage_options), url)["attributes"][MANIFEST_ATTR]
-        for k in HISTORY_KEYS
-    ):
+    # the history read from beside the table comes with the root's summary of it
+    in_root = HISTORY not in manifest.extra and any(k in manifest.extra for k in HISTORY_KEYS)
+    if manifest.shapes is not None and not in_root:
         return None
     shapes, present = current_shapes(manifest, metas)
     for name in arrays if manifest.shapes is None else ():

@@ -50,10 +50,11 @@ from zstore.format import (
     data_type,
     parse_precision,
     publish,
-    read_manifest,
     same_conversion,
     shape_rows,
+    with_history,
 )
+from zstore.origin import Origin
 from zstore.urls import store_bytes, zarr_store
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def _prepare_destination(
         if attrs.get(PROGRESS_ATTR) == fingerprint:
             return root, False
         if MANIFEST_ATTR in attrs or PROGRESS_ATTR in attrs:
-            old = _converted_with(dst, storage_options) or attrs.get(PROGRESS_ATTR)
+            old = _converted_with(dst, storage_options, header) or attrs.get(PROGRESS_ATTR)
             raise DestinationError(
                 f"{dst} already holds a zstore store "
                 f"{'converted' if MANIFEST_ATTR in attrs else 'begun'} otherwise "
@@ -140,14 +141,17 @@ def _prepare_destination(
     return root, True
 
 
-def _converted_with(dst: str, storage_options: dict[str, Any] | None) -> Any:
-    """The fingerprint of the conversion that made the finished store at ``dst``, from
-    its history (None where it cannot be read: the refusal then says less)."""
+def _converted_with(dst: str, storage_options: dict[str, Any] | None, header: Any) -> Any:
+    """The fingerprint of the conversion that made the finished store at ``dst`` (root
+    ``header``), from its history: the root's, or the item table's ``zarr.json`` alone,
+    not the table (None where it cannot be read: the refusal then says less)."""
+    if not isinstance(header, dict):
+        return None
     try:
-        manifest, _ = read_manifest(dst, storage_options, history=True)
+        full = with_history(header, Origin(dst, storage_options), dst, header.get("table"))
     except (StoreFormatError, OSError):
         return None
-    return manifest.extra.get("fingerprint")
+    return full.get("fingerprint")
 
 
 def _has_files(dst: str, storage_options: dict[str, Any] | None) -> bool:

@@ -18,6 +18,7 @@ from zstore.format.history import (
     HISTORY_KEYS,
     same_conversion,
     source_count,
+    with_history,
 )
 from zstore.format.layout import (
     DONE_ATTR,
@@ -96,6 +97,7 @@ __all__ = [
     "HISTORY_KEYS",
     "same_conversion",
     "source_count",
+    "with_history",
     "APPENDS",
     "Lineage",
     "append_ids",

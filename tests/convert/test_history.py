@@ -10,7 +10,7 @@ import os
 import h5py
 import numpy as np
 import pytest
-from conftest import edit_header, manifest_of, zstore_cli
+from conftest import edit_header, manifest_of, write_h5, zstore_cli
 
 import zstore
 from zstore.format import MANIFEST_ATTR
@@ -23,10 +23,8 @@ def files(directory, names, seconds=1.0, seed=0):
     out = {}
     for name in names:
         wav = np.round(rng.standard_normal((1, int(16000 * seconds))) * 900).astype(np.float32)
-        path = os.path.join(directory, f"{name}.h5")
-        with h5py.File(path, "w") as f:
-            f[f"{name}/wav"] = wav  # the group named as the file: unique in any store
-        out[path] = wav
+        # the group named as the file: unique in any store
+        out[write_h5(os.path.join(directory, f"{name}.h5"), {name: {"wav": wav}})] = wav
     return out
 
 

@@ -26,7 +26,11 @@ FORMAT_WORDS = {
 
 
 def _pairs(
-    values: list[str] | None, what: str, convert: Any = str, example: str = "wav=16000"
+    values: list[str] | None,
+    what: str,
+    convert: Any = str,
+    example: str = "wav=16000",
+    expected: str = "a number",
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v in values or []:
@@ -36,18 +40,29 @@ def _pairs(
         try:
             out[name] = convert(value)
         except ValueError:
-            raise ZstoreError(f"{what} {v!r}: {value!r} is not a number") from None
+            raise ZstoreError(f"{what} {v!r}: {value!r} is not {expected}") from None
     return out
 
 
 def _rate(text: str) -> float | None:
-    """A ``--rate`` value: samples per second, or ``none`` (store the array whole)."""
-    return None if text.strip().lower() in ("none", "static", "whole") else float(text)
+    """A ``--rate`` value: samples per second (``16000``, ``86.1328125``, or a ratio such
+    as ``22050/256`` for frames of a hop of 256 samples), or ``none`` (store the array
+    whole)."""
+    if text.strip().lower() in ("none", "static", "whole"):
+        return None
+    num, sep, den = text.partition("/")
+    if not sep:
+        return float(text)
+    if float(den) == 0:
+        raise ValueError(text)
+    return float(num) / float(den)
 
 
 def _rates(args: argparse.Namespace) -> dict[str, float | None]:
     """``--rate NAME=HZ|none`` and ``--static NAME`` (the same as ``--rate NAME=none``)."""
-    out = _pairs(args.rate, "--rate", _rate)
+    out = _pairs(
+        args.rate, "--rate", _rate, expected="a rate (write e.g. 16000, 86.13 or 22050/256)"
+    )
     for name in args.static or []:
         if out.get(name) is not None:
             raise ZstoreError(
@@ -366,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate",
         action="append",
         metavar="NAME=HZ",
-        help="samples per second of an array, e.g. --rate wav=16000 (repeat); "
+        help="samples per second of an array, e.g. --rate wav=16000 (repeat), "
+        "--rate mel=22050/256 for frames of a 256-sample hop; "
         "NAME=none stores it whole. Other arrays get a rate only from a "
         "whole-number length ratio to a given one in items of different "
         "lengths",

@@ -17,6 +17,17 @@ from contextlib import contextmanager
 from typing import Any
 
 from zstore.convert._source import SourceItem
+from zstore.errors import ZstoreError
+
+#: what a conversion whose worker process died says (the pool gives no reason)
+WORKER_DIED = (
+    "a conversion worker process ended abruptly. Either it was killed (the out-of-memory "
+    "killer, a job scheduler's limit): give fewer workers (--workers N, workers=N); or it "
+    "failed as it started: workers start by importing the script that called "
+    "zstore.convert or zstore.append, so a script must make that call under "
+    "'if __name__ == \"__main__\":' (Python's own message above, from each worker, says "
+    "so). What was written is kept: once that is mended, the same call goes on from there"
+)
 
 
 def die_with_parent(parent: int) -> None:
@@ -102,11 +113,14 @@ def run_batches(
         if pool is None:
             pool = stack.enter_context(local_pool(workers))
         assert pool is not None
-        futures = {pool.submit(fn, job, batch): batch for batch in tasks}
-        for fut in cf.as_completed(futures):
-            results += fut.result()
-            batch = futures[fut]
-            bar.update(len(batch), sum(it.nbytes for it in batch))
+        try:
+            futures = {pool.submit(fn, job, batch): batch for batch in tasks}
+            for fut in cf.as_completed(futures):
+                results += fut.result()
+                batch = futures[fut]
+                bar.update(len(batch), sum(it.nbytes for it in batch))
+        except cf.BrokenExecutor as e:
+            raise ZstoreError(WORKER_DIED) from e
     return results
 
 

@@ -129,18 +129,25 @@ def same_layout_sources(where: Path, items: int = 4, seconds: int = 30) -> list[
     return paths
 
 
+def wait_until(proc, ready) -> None:
+    """Return once ``ready()`` holds or ``proc`` has ended: checked whenever the process
+    has run a little longer (waking at once if it exits)."""
+    import subprocess
+
+    while proc.poll() is None and not ready():
+        try:
+            proc.wait(timeout=0.02)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def kill_when(proc, ready) -> None:
     """SIGKILL ``proc`` once ``ready()`` holds: checked whenever the process has run a
     little longer (waking at once if it exits), then waited for."""
     import signal
-    import subprocess
 
     try:
-        while proc.poll() is None and not ready():
-            try:
-                proc.wait(timeout=0.02)
-            except subprocess.TimeoutExpired:
-                pass
+        wait_until(proc, ready)
         if proc.poll() is not None:  # it ended on its own: the test cannot kill it midway
             pytest.fail(f"{proc.args[:4]} ended (exit {proc.returncode}) before it was killed")
         os.kill(proc.pid, signal.SIGKILL)

@@ -255,3 +255,30 @@ def test_a_table_a_killed_publish_cut_short_is_dated_by_its_data(tmp_path, monke
     with pytest.raises(zstore.DestinationError, match="does not say when an object was written"):
         zstore.tidy(store, older_than=0)
     assert _tables(root) == [current]
+
+
+def test_an_open_between_an_append_and_a_tidy_reads_the_new_table(tmp_path, monkeypatch):
+    """A job opening the store reads its root, then the table the root names. An append
+    and a tidy with no wait (``--older-than 0``) landing between the two reads removed
+    that table: the open now reads the root again and opens the store as it is (a
+    pickled reader, which pins its view, is still told, above)."""
+    import zstore.format.manifest as manifest_module
+
+    store, data = _appended_store(tmp_path, appends=1)
+    write_h5(tmp_path / "late.h5", {"late0": {k: v for k, v in data["u0_0"].items()}})
+    real = manifest_module.load_table
+    landed = []
+
+    def append_and_tidy_first(*args, **kwargs):
+        if not landed:  # once: between this open's root read and its table read
+            landed.append(True)  # (the append reads the table too)
+            zstore.append(str(tmp_path / "late.h5"), store, workers=1, progress=False)
+            assert zstore.tidy(store, older_than=0).tables  # the table just read is gone
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(manifest_module, "load_table", append_and_tidy_first)
+    ds = zstore.WindowDataset(store, window_seconds=None, cache=False)
+    assert landed and len(ds) == len(data) + 1
+    got = {ds[i]["item"]: ds[i]["wav"].numpy() for i in range(len(ds))}
+    assert np.array_equal(got["late0"], data["u0_0"]["wav"])
+    assert np.array_equal(got["u1_1"], data["u1_1"]["wav"])

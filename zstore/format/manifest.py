@@ -242,6 +242,17 @@ class TableMissingError(StoreFormatError):
     """A store's item table is missing (:func:`read_manifest` says why, where it can)."""
 
 
+class _Superseded(StoreReplacedError):
+    """The item table read is gone because the store was appended to and the table then
+    removed by ``zstore tidy``: a process opening the store (not pinned to a view of it)
+    reads its root again."""
+
+
+#: How many times an open reads the root again after :class:`_Superseded` (each time an
+#: append and a tidy landed between its root read and its table read).
+REOPENS = 3
+
+
 def _table_gone(
     origin: Origin, url: str, store_id: str, table: str, appends: Sequence[str] = ()
 ) -> None:
@@ -273,7 +284,7 @@ def _table_gone(
             "another copy put in its place? Restart the job to read the store now there"
         )
     if str(header.get("table", "")) != table:
-        raise StoreReplacedError(
+        raise _Superseded(
             f"{url}: the store was appended to since this job opened it, and the item "
             f"table the job reads ({table}) was removed ('zstore tidy'): restart the job, "
             "and give tidy an --older-than longer than your jobs run"
@@ -315,6 +326,7 @@ def read_manifest(
     header: dict[str, Any] | None = None,
     open_file: Callable[[str, int], int] | None = None,
     history: bool = False,
+    _reopens: int = 0,
 ) -> tuple[Manifest, ArrayMetas]:
     """A store's manifest and its array metadata.
 
@@ -323,7 +335,9 @@ def read_manifest(
     a reader) pins that view of the store instead of reading its root again.  With
     ``history``, ``Manifest.extra`` holds the store's history too (its sources, appended
     files, what was left out: :mod:`zstore.format.history`), which only the converter
-    and ``zstore info`` read.
+    and ``zstore info`` read.  Where an append and a ``zstore tidy`` remove the table
+    between the root's read and the table's, the root is read again (without
+    ``header``; with it, :class:`StoreReplacedError` says the view is gone).
     """
     origin = Origin(url, storage_options, fs=fs)
     meta = {"attributes": {MANIFEST_ATTR: header}} if header else read_root(origin, url)
@@ -348,7 +362,14 @@ def read_manifest(
             _table_gone(origin, url, store_id, key, appends)
             raise
 
-    manifest = Manifest.from_json(data, url, table=table)
+    try:
+        manifest = Manifest.from_json(data, url, table=table)
+    except _Superseded:
+        if header is not None or _reopens >= REOPENS:
+            raise  # a pinned view (a pickled reader): its table is gone, it is told
+        return read_manifest(
+            url, storage_options, fs, tables, None, open_file, history, _reopens + 1
+        )
     consolidated = (meta.get("consolidated_metadata") or {}).get("metadata", {})
     return manifest, ArrayMetas(manifest, consolidated)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from zstore.convert._copies import DIGESTS, copies, copies_text, unpack_digests
 from zstore.format import (
     ArrayInfo,
     Manifest,
@@ -145,6 +146,12 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             f"sources: {len(sources)} file(s) ({shown}{more})"
             + (f", {appended} of them appended" if appended else "")
         )
+    digests = unpack_digests(manifest.extra.get(DIGESTS), len(manifest.items))
+    found = copies(list(manifest.items), digests)
+    # None: the store has no checksums (converted before the converter took them)
+    info["copies"] = [list(pair) for pair in found] if DIGESTS in manifest.extra else None
+    if found:
+        lines.append(copies_text(found))
     made_of = manifest.extra.get("dataset_items")
     info["dataset_items"] = made_of
     if made_of:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zstore.convert._casts import cast_values
+from zstore.convert._copies import DIGEST_ATTR, checked_digest, item_digest
 from zstore.convert._fields import source_dataset
 from zstore.convert._filters import read_failure
 from zstore.convert._source import SourceItem, SourcePlan, open_source
@@ -113,6 +115,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
     for item, src_group in source_groups(items):
         objects: dict[str, bytes] = {}
         by_zarr = []
+        values: dict[str, np.ndarray] = {}  # as stored, before any rounding: the checksum
         for name in item.shapes:
             ds = source_dataset(src_group, item.fields, name)
             shape, dtype = tuple(ds.shape), np.dtype(item.dtypes[name])  # cast, if any
@@ -121,9 +124,9 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                 by_zarr.append(name)
                 continue
             counts = tally.array(name)
-            data = prepared(
-                job.arrays[name], read_array(src_group, item, name, ds), counts, item.name
-            )
+            raw = read_array(src_group, item, name, ds)
+            values[name] = cast_values(job.arrays[name].dtype, raw, f"item '{item.name}'")
+            data = prepared(job.arrays[name], raw, counts, item.name)
             axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
             meta = dumps(
@@ -153,8 +156,11 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                 root = zarr.open_group(
                     zarr_store(job.dst, job.storage_options, read_only=False), mode="r+"
                 )
-            _write_by_zarr(job, root, src_group, item, by_zarr, tally)
-        mark = group_meta({**hdf5_attrs(src_group), DONE_ATTR: job.mark(item.source)})
+            _write_by_zarr(job, root, src_group, item, by_zarr, tally, values)
+        digest = tally.digests[item.name] = item_digest(values)
+        mark = group_meta(
+            {**hdf5_attrs(src_group), DONE_ATTR: job.mark(item.source), DIGEST_ATTR: digest}
+        )
         writer.put({f"{item.name}/zarr.json": mark})
         tally.items += 1
         tally.stored_bytes += (
@@ -193,14 +199,22 @@ def _parents(writer: ObjectWriter, name: str) -> None:
 
 
 def _write_by_zarr(
-    job: Job, root: zarr.Group, src_group: Any, item: SourceItem, names: list[str], tally: Tally
+    job: Job,
+    root: zarr.Group,
+    src_group: Any,
+    item: SourceItem,
+    names: list[str],
+    tally: Tally,
+    values: dict[str, np.ndarray],
 ) -> None:
+    """Write arrays ``names`` of ``item`` through zarr's API (``values`` gets each as
+    stored, before rounding)."""
     group = root.require_group(item.name)
     for name in names:
         ds = source_dataset(src_group, item.fields, name)
-        data = prepared(
-            job.arrays[name], read_array(src_group, item, name), tally.array(name), item.name
-        )
+        raw = read_array(src_group, item, name)
+        values[name] = cast_values(job.arrays[name].dtype, raw, f"item '{item.name}'")
+        data = prepared(job.arrays[name], raw, tally.array(name), item.name)
         chunks, shards = _geometry(
             tuple(ds.shape), job.arrays[name], job.chunk_seconds, data.dtype.itemsize
         )
@@ -336,7 +350,7 @@ def write_missing(
     """Write the items of ``source`` not yet complete in the store (none are when it is
     ``fresh``): the ones written, what they were, and whether every item of ``source``
     was written now (else the caller measures the store's bytes)."""
-    done = set() if fresh else _finished_items(job, source.items)
+    done = {} if fresh else _finished_items(job, source.items)
     todo = [it for it in source.items if it.name not in done]
     bar = Progress(len(source.items), desc, progress)
     bar.update(len(source.items) - len(todo), 0)
@@ -344,24 +358,26 @@ def write_missing(
         written = run_batches(_write_items, job, todo, workers, bar, client, pool)
     finally:
         bar.close()
-    total = Tally()
+    total = Tally(digests=dict(done))  # the checksums of the items written before
     for t in written:
         total.add(t)
     return todo, total, not done
 
 
-def _finished_items(job: Job, items: list[SourceItem]) -> set[str]:
+def _finished_items(job: Job, items: list[SourceItem]) -> dict[str, str]:
     """The items whose group carries the completion mark (written after their arrays)
-    that this job would write (an append's mark names its source file's version)."""
+    that this job would write (an append's mark names its source file's version), with
+    their checksums (:data:`UNKNOWN` where the mark has none)."""
     writer = ObjectWriter(job.dst, job.storage_options)
     found = writer.read_many([f"{it.name}/zarr.json" for it in items])
-    done = set()
+    done: dict[str, str] = {}
     for it in items:
         raw = found.get(f"{it.name}/zarr.json")
         try:
-            mark = json.loads(raw).get("attributes", {}).get(DONE_ATTR) if raw else None
+            attrs = json.loads(raw).get("attributes", {}) if raw else {}
         except ValueError:
             continue  # cut short by a crash: not complete
+        mark = attrs.get(DONE_ATTR)
         if mark is not None and mark == job.mark(it.source):
-            done.add(it.name)
+            done[it.name] = checked_digest(attrs.get(DIGEST_ATTR))
     return done

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from zstore.convert._casts import cast_values
+from zstore.convert._copies import checked_digest, item_digest
 from zstore.convert._items import Job, compare_values, verify_all, write_missing
 from zstore.convert._read import read_items
 from zstore.convert._source import SourceItem, SourcePlan
@@ -274,6 +276,13 @@ def encode_batch(
     whole: dict[str, list[tuple[int, np.ndarray]]] = {}  # arrays kept in the record
     slot = {it.name: k for k, it in enumerate(batch.items)}  # read in file order
     for item, raws, attrs in read_items(batch.items):
+        if not verify:
+            tally.digests[item.name] = item_digest(
+                {
+                    n: cast_values(job.arrays[n].dtype, v, f"item '{item.name}'")
+                    for n, v in raws.items()
+                }
+            )
         for name, raw in raws.items():
             if name not in buffers:
                 if verify:
@@ -327,6 +336,8 @@ def encode_batch(
         },
         "entries": entries,
     }
+    if not verify:  # each item's checksum (zstore.convert._copies), for a resumed run
+        record["digests"] = [tally.digests[it.name] for it in batch.items]
     if whole:
         record["arrays"] = {name: record_array(values) for name, values in sorted(whole.items())}
     return objects, record, tally
@@ -408,12 +419,13 @@ def _compare_spans(job: Job, batch: PackBatch) -> list[str]:
     return problems
 
 
-def finished_batches(job: Job, batches: list[PackBatch]) -> set[tuple[int, int]]:
-    """(group, number) of the batches whose record names this job's items and marks."""
+def finished_batches(job: Job, batches: list[PackBatch]) -> dict[tuple[int, int], list[str]]:
+    """(group, number) of the batches whose record names this job's items and marks,
+    with their items' checksums (:data:`UNKNOWN` where the record has none)."""
     writer = ObjectWriter(job.dst, job.storage_options)
     keys = {job.packs[b.group].record_key(b.number): b for b in batches}
     found = writer.read_many(list(keys))
-    done = set()
+    done: dict[tuple[int, int], list[str]] = {}
     for key, raw in found.items():
         batch = keys[key]
         try:
@@ -422,7 +434,11 @@ def finished_batches(job: Job, batches: list[PackBatch]) -> set[tuple[int, int]]
             continue  # cut short: not complete
         want = _record(batch, job)
         if record.get("items") == want["items"] and record.get("marks") == want["marks"]:
-            done.add((batch.group, batch.number))
+            said = record.get("digests")
+            said = said if isinstance(said, list) and len(said) == len(batch.items) else []
+            done[(batch.group, batch.number)] = [
+                checked_digest(said[k] if said else None) for k in range(len(batch.items))
+            ]
     return done
 
 
@@ -446,8 +462,11 @@ def write_packed(
     metas = group_objects(plan, job.arrays, job.codec, job.chunk_seconds)
     writer.put(metas)
     tally.stored_bytes += sum(len(v) for v in metas.values())
-    done = set() if fresh else finished_batches(job, plan.batches)
+    done = {} if fresh else finished_batches(job, plan.batches)
     todo = [b for b in plan.batches if (b.group, b.number) not in done]
+    for b in plan.batches:  # the checksums of the batches written before
+        for it, digest in zip(b.items, done.get((b.group, b.number), [])):
+            tally.digests[it.name] = digest
     bar = Progress(plan.items, f"{desc} (packed)", progress)
     bar.update(plan.items - sum(len(b) for b in todo), 0)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zstore.convert._copies import copies_text
 from zstore.format import ArrayInfo
 from zstore.units import format_size
 
@@ -31,6 +32,9 @@ class ConvertReport:
     packed: int = 0
     #: an append's: the bytes it added to the store (None: a conversion, or not known)
     added_bytes: int | None = None
+    #: (item, the earlier item whose values it holds) for each item written now that
+    #: copies another (zstore.convert._copies); stored all the same
+    copies: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -76,6 +80,8 @@ class ConvertReport:
         lines += [
             f"already in the store, nothing added from it: {s}" for s in self.already_in_store
         ]
+        if self.copies:
+            lines.append(copies_text(self.copies))
         if self.verified:
             rounded = [n for n, a in self.arrays.items() if a.precision is not None]
             lines.append(

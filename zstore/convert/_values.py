@@ -81,10 +81,13 @@ class Tally:
     items: int = 0
     stored_bytes: int = 0
     arrays: dict[str, ArrayTally] = field(default_factory=dict)
+    #: each item's checksum of its values (zstore.convert._copies), by name
+    digests: dict[str, str] = field(default_factory=dict)
 
     def add(self, other: Tally) -> Tally:
         self.items += other.items
         self.stored_bytes += other.stored_bytes
+        self.digests.update(other.digests)
         for name, a in other.arrays.items():
             self.arrays.setdefault(name, ArrayTally()).add(a)
         return self

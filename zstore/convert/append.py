@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from zstore.convert._checks import check_options
+from zstore.convert._copies import DIGESTS, appended, copies_text
 from zstore.convert._corpus import (
     check_versions,
     expand_sources,
@@ -189,6 +190,9 @@ def append(
             else store_bytes(dst, storage_options)
         )
         source.arrays = with_tally(source.arrays, tally)
+        digests, found = appended(
+            manifest.extra, list(manifest.items), [it.name for it in source.items], tally.digests
+        )
         new, table = _extended(
             manifest,
             metas,
@@ -197,11 +201,14 @@ def append(
             nbytes,
             packs,
             wanted.casts(manifest),
+            digests,
         )
         check_unchanged(source.items, "append it again")
         check_versions([identities[f] for f in files], "append it again")
         publish(dst, storage_options, new.header(), table)
     warn_nonfinite(job.src, tally, stacklevel=2)
+    if found:
+        warnings.warn(f"{job.src}: {copies_text(found)}", stacklevel=2)
     total = sum(it.nbytes for it in source.items)
     return ConvertReport(
         items=len(new.items),
@@ -219,6 +226,7 @@ def append(
         already_in_store=seen,
         values=value_lines(new.arrays, tally, source.items, new.chunk_seconds, new.codec),
         packed=packs.items,
+        copies=found,
     )
 
 
@@ -506,9 +514,11 @@ def _extended(
     nbytes: int,
     packs: PackPlan,
     casts: dict[str, str],
+    digests: str,
 ) -> tuple[Manifest, dict[str, bytes]]:
     """The store's manifest with the new items after the old ones (same store id);
-    ``casts`` the store's, with those of the arrays it gains."""
+    ``casts`` the store's, with those of the arrays it gains; ``digests`` the checksums
+    of all its items (zstore.convert._copies)."""
     old_shapes, old_present = current_shapes(manifest, metas)
     new_shapes, new_present = shape_rows(
         [it.shapes for it in source.items],
@@ -551,6 +561,7 @@ def _extended(
     if source.skipped:
         extra["skipped"] = extend(list(extra.get("skipped", [])), list(source.skipped))
     extra["store_bytes"] = nbytes
+    extra[DIGESTS] = digests
     if casts:  # absent otherwise: stores without casts keep their header
         extra["dtypes"] = casts
     names = list(manifest.items) + [it.name for it in source.items]

@@ -20,6 +20,7 @@ from zstore.convert._checks import (
     check_options,
     check_pack_seconds,
 )
+from zstore.convert._copies import DIGESTS, UNKNOWN, copies, copies_text, pack_digests
 from zstore.convert._corpus import check_versions, expand_sources
 from zstore.convert._corpus import differences as corpus_differences
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
@@ -386,7 +387,8 @@ def _convert(
     )
     nbytes = tally.stored_bytes if all_now else store_bytes(dst, storage_options)
     arrays = with_tally(with_dtypes(source), tally)
-    manifest, table = _manifest(source, arrays, job, fingerprint, nbytes, packs)
+    digests = [tally.digests.get(it.name, UNKNOWN) for it in source.items]
+    manifest, table = _manifest(source, arrays, job, fingerprint, nbytes, packs, digests)
     if verify:
         verify_store(job, own, packs, workers, progress, client, pool)
     check_unchanged(source.items, "convert it again with --overwrite")
@@ -397,7 +399,10 @@ def _convert(
     report.verified, report.store_id = verify, manifest.store_id
     report.sources, report.arrays = files, arrays
     report.values = value_lines(arrays, tally, source.items, job.chunk_seconds, job.codec)
+    report.copies = copies([it.name for it in source.items], digests)
     warn_nonfinite(job.src, tally, stacklevel=3)
+    if report.copies:
+        warnings.warn(f"{job.src}: {copies_text(report.copies)}", stacklevel=3)
     return report
 
 
@@ -408,6 +413,7 @@ def _manifest(
     fingerprint: dict[str, Any],
     nbytes: int,
     packs: PackPlan,
+    digests: list[str],
 ) -> tuple[Manifest, dict[str, bytes]]:
     shapes, present = shape_rows([it.shapes for it in source.items], source.arrays)
     names = [it.name for it in source.items]
@@ -430,6 +436,7 @@ def _manifest(
             "store_bytes": nbytes,
             "sources": [s["source"] for s in fingerprint["sources"] if not s.get(READ_BY)],
             **({"skipped": list(source.skipped)} if source.skipped else {}),
+            DIGESTS: pack_digests(digests),
         },
     )
 

@@ -21,6 +21,7 @@ from zstore.format.history import (
     with_history,
 )
 from zstore.format.layout import (
+    DIGEST_ATTR,
     DONE_ATTR,
     MANIFEST_ATTR,
     PROGRESS_ATTR,
@@ -137,6 +138,7 @@ __all__ = [
     "decode_attrs",
     "decode_chunk",
     "decode_index",
+    "DIGEST_ATTR",
     "DONE_ATTR",
     "dumps",
     "EMPTY",

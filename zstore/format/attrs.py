@@ -25,7 +25,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from zstore.format.layout import DONE_ATTR
+from zstore.format.layout import DIGEST_ATTR, DONE_ATTR
 
 NONFINITE_ATTR = "zstore_nonfinite"
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -149,9 +149,9 @@ def _target(ref: Any, file: Any) -> str | None:
 def decode_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
     """Attributes as written by :func:`hdf5_attrs`, with NaN and infinities back as
     floats (only under the names ``"zstore_nonfinite"`` lists), and without zstore's own
-    marks (that list, and the converter's mark of a finished item)."""
+    marks (that list, and the converter's mark of a finished item and its checksum)."""
     names = attrs.get(NONFINITE_ATTR)
-    out = {k: v for k, v in attrs.items() if k not in (NONFINITE_ATTR, DONE_ATTR)}
+    out = {k: v for k, v in attrs.items() if k not in (NONFINITE_ATTR, DONE_ATTR, DIGEST_ATTR)}
     if not isinstance(names, list):
         return out
     for name in names:

@@ -2,9 +2,11 @@
 
 The converter records, per store, its source files' identities and the options it read
 them with (``"fingerprint"``), every source's name (``"sources"``), each appended
-file's identity (``"appended"``) and what the scan left out (``"skipped"``).  Only the
-converter reads them: a rerun of a finished conversion does nothing, an append skips
-the files the store holds, ``zstore info`` lists what was left out.  Readers never do.
+file's identity (``"appended"``), what the scan left out (``"skipped"``) and a checksum
+of each item's values (``"digests"``: items that copy another,
+:mod:`zstore.convert._copies`).  Only the converter reads them: a rerun of a finished
+conversion does nothing, an append skips the files the store holds and names new items
+that copy old ones, ``zstore info`` lists what was left out.  Readers never do.
 
 They grow with the files (~110 bytes a source file, ~270 an appended one), and the
 root ``zarr.json`` is read by every reader at open and beside every round of origin
@@ -29,7 +31,7 @@ from zstore.errors import StoreFormatError
 from zstore.origin import Origin
 
 #: the header keys of the history (in the root of stores written before)
-HISTORY_KEYS = ("fingerprint", "sources", "appended", "skipped")
+HISTORY_KEYS = ("fingerprint", "sources", "appended", "skipped", "digests")
 #: the header key of the history's summary, in the root
 HISTORY = "history"
 #: the item table's attribute that holds the history

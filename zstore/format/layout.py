@@ -27,6 +27,8 @@ READABLE_FORMATS = (1, 2)
 MANIFEST_ATTR = "zstore"
 PROGRESS_ATTR = "zstore_convert"
 DONE_ATTR = "zstore_complete"
+#: an item's checksum of its values, beside its completion mark (zstore.convert._copies)
+DIGEST_ATTR = "zstore_digest"
 #: Chunks per shard along time: 64 one-second chunks make ~16 MB shards of
 #: 8-mic audio -- few objects on S3/NFS, while a shard index stays ~1 KiB.
 CHUNKS_PER_SHARD = 64

@@ -172,7 +172,10 @@ def test_index_out_of_range(small_store):
         ds[len(ds)]
 
 
-@pytest.mark.parametrize("form", ["pickled list", "pickled tuple", "json", "text"])
+@pytest.mark.parametrize(
+    "form",
+    ["pickled list", "pickled tuple", "pickled set", "pickled array", "npy", "json", "text"],
+)
 def test_items_take_the_lists_users_already_have(small_store, tmp_path, form):
     import json
     import pickle
@@ -183,6 +186,14 @@ def test_items_take_the_lists_users_already_have(small_store, tmp_path, form):
         path.write_bytes(pickle.dumps(names))
     elif form == "pickled tuple":
         path.write_bytes(pickle.dumps(tuple(names), protocol=2))
+    elif form == "pickled set":  # taken in sorted order: a set's own order varies
+        path.write_bytes(pickle.dumps(set(names)))
+        names = sorted(names)
+    elif form == "pickled array":
+        path.write_bytes(pickle.dumps(np.array(names)))
+    elif form == "npy":
+        with open(path, "wb") as f:
+            np.save(f, np.array(names))  # np.save(path) would add ".npy" to the name
     elif form == "json":
         path.write_text(json.dumps(names))
     else:
@@ -230,6 +241,8 @@ def test_an_item_list_from_the_home_directory(small_store, tmp_path, monkeypatch
         (b"\x80\x04garbage", "cannot read it as an item list"),
         (pickle.dumps({"a": 1}), "holds a dict"),
         (b"\xff\xfe\x00binary", "cannot read it as an item list"),
+        (b'{"dev": ["utt000001"]}', "holds a JSON object"),
+        (np.lib.format.magic(1, 0) + b"garbage", "cannot read it as an item list"),
     ],
 )
 def test_an_item_list_that_cannot_be_read_is_one_clear_error(small_store, tmp_path, content, words):
@@ -237,7 +250,7 @@ def test_an_item_list_that_cannot_be_read_is_one_clear_error(small_store, tmp_pa
     path.write_bytes(content)
     with pytest.raises(zstore.ConfigError, match=words) as e:
         zstore.WindowDataset(small_store, window_seconds=1.0, cache=False, items=path)
-    assert "bad.pkl" in str(e.value) and "pickled list or tuple" in str(e.value)
+    assert "bad.pkl" in str(e.value) and "pickled list, tuple, set or array" in str(e.value)
 
 
 def test_an_items_covered_length_is_the_same_one_at_a_time():

@@ -4,6 +4,7 @@ item's HDF5 attributes; checked against the store."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -17,16 +18,18 @@ from zstore.format import source_count
 from zstore.read import WindowReader
 
 ITEM_LIST_FORMS = (
-    "a text file with one item name per line ('#' comments), a JSON list of names, or a "
-    "pickled list or tuple of names"
+    "a text file with one item name per line ('#' comments), a JSON list of names, a "
+    "NumPy .npy array of names, or a pickled list, tuple, set or array of names"
 )
 
 
 def read_item_list(path: str) -> tuple[list[str], bool]:
-    """The item names in the file ``path``: a pickled list or tuple of names (as HDF5
-    dataset code keeps its subsets; unpickling runs the file's code, so it is loaded only
-    because the user named it), a JSON list, or text with one name per line; and
-    whether it was text (whose lines may carry more columns after the name)."""
+    """The item names in the file ``path``: a pickled list, tuple, set (in sorted order:
+    a set's own order changes from one process to the next) or NumPy array of names (as
+    HDF5 dataset code keeps its subsets; unpickling runs the file's code, so it is loaded
+    only because the user named it), a ``.npy`` array (``np.save``; loaded without
+    pickles), a JSON list, or text with one name per line; and whether it was text
+    (whose lines may carry more columns after the name)."""
     try:
         with open(os.path.expanduser(path), "rb") as f:
             raw = f.read()
@@ -39,7 +42,9 @@ def read_item_list(path: str) -> tuple[list[str], bool]:
     try:
         if raw[:1] == b"\x80":  # a pickle (protocol 2 and later)
             names = pickle.loads(raw)
-        elif raw.lstrip()[:1] == b"[":
+        elif raw[:6] == b"\x93NUMPY":  # np.save
+            names = np.load(io.BytesIO(raw), allow_pickle=False)
+        elif raw.lstrip()[:1] in (b"[", b"{"):  # a JSON object is said to be one below
             names = json.loads(raw)
         else:
             text = True
@@ -50,12 +55,18 @@ def read_item_list(path: str) -> tuple[list[str], bool]:
             f"items={path!r}: cannot read it as an item list ({type(e).__name__}); pass "
             f"{ITEM_LIST_FORMS}"
         ) from None
-    if isinstance(names, np.ndarray):
+    if isinstance(names, np.ndarray) and names.ndim == 1:
         names = names.tolist()
+    if isinstance(names, (set, frozenset)) and all(isinstance(n, str) for n in names):
+        names = sorted(names)
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, bytes)) for n in names):
+        what = (
+            "a JSON object"
+            if isinstance(names, dict) and not text and raw.lstrip()[:1] == b"{"
+            else f"a {type(names).__name__}"
+        )
         raise ConfigError(
-            f"items={path!r}: holds a {type(names).__name__}, not a list of item names; "
-            f"pass {ITEM_LIST_FORMS}"
+            f"items={path!r}: holds {what}, not a list of item names; pass {ITEM_LIST_FORMS}"
         )
     return [n.decode() if isinstance(n, bytes) else n for n in names], text
 

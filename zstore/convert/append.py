@@ -38,6 +38,7 @@ from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_al
 from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import extend
 from zstore.convert._source import SourcePlan, check_unchanged, plan
+from zstore.convert._space import destination_space
 from zstore.convert._storelock import remove_stale_partials, store_lock
 from zstore.convert._tasks import cluster_client
 from zstore.convert._values import value_lines, warn_nonfinite, with_tally
@@ -106,7 +107,7 @@ def append(
     rates, precision = plain(rates), plain(precision)
     axes = time_axis if time_axis is None or isinstance(time_axis, int) else dict(time_axis)
     check_options(1.0 if chunk_seconds is None else chunk_seconds, workers)
-    with store_lock(dst, storage_options):
+    with destination_space(dst), store_lock(dst, storage_options):
         try:
             manifest, metas = read_manifest(dst, storage_options, history=True)
         except StoreFormatError as e:

@@ -29,6 +29,7 @@ from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_al
 from zstore.convert._report import ConvertReport
 from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, check_unchanged, plan
+from zstore.convert._space import destination_space
 from zstore.convert._storelock import (
     LOCK_NAME,
     PARTIAL,
@@ -320,6 +321,7 @@ def convert(
             codec,
             packs=tuple(packs.groups),
         )
+        stack.enter_context(destination_space(str(dst)))  # a full disk: one clear error
         stack.enter_context(store_lock(dst, storage_options))  # one writer at a time
         return _convert(
             job,

@@ -11,6 +11,7 @@ gets an item's geometry from the manifest without reading its ``zarr.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -288,6 +289,11 @@ class ObjectWriter:
                     f.write(value)
                 continue
             tmp = f"{path}.{os.getpid()}.partial"
-            with open(tmp, "wb") as f:
-                f.write(value)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(value)
+            except OSError:  # a full disk: leave no partial file behind
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
             os.replace(tmp, path)

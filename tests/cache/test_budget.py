@@ -25,13 +25,19 @@ GB = 10**9
 
 
 def resolved(tmp_path, ram_bytes, ssd_bytes, ram_format="auto"):
-    return zstore.CacheConfig(
+    """A node's resolved cache with these budgets, whatever this machine's file systems
+    hold (resolving keeps a budget to 90% of its file system: a node of more memory and
+    disk than this one is modelled here)."""
+    import dataclasses
+
+    config = zstore.CacheConfig(
         ram_dir=tmp_path / "ram",
-        ram_bytes=ram_bytes,
+        ram_bytes="1MB",
         ssd_dir=tmp_path / "ssd" if ssd_bytes else None,
-        ssd_bytes=ssd_bytes,
+        ssd_bytes="1MB" if ssd_bytes else 0,
         ram_format=ram_format,
     ).resolved()
+    return dataclasses.replace(config, ram_bytes=ram_bytes, ssd_bytes=ssd_bytes)
 
 
 @pytest.mark.parametrize(

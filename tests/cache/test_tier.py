@@ -313,14 +313,46 @@ def test_full_tmpfs_degrades_to_the_origin(tiny_tmpfs, tmp_path):
         )
         subprocess.run([PYTHON, "-c", code], env=subprocess_env(), check=True, timeout=300)
         return
-    cfg = zstore.CacheConfig(ram_dir=path, ram_bytes="64MB", ssd_dir=None)
-    cache = TieredCache(cfg.resolved(), "n")
+    (path / "other").write_bytes(b"\0" * 700_000)  # another user of the tmpfs filled it
+    cfg = zstore.CacheConfig(ram_dir=path / "tier", ram_bytes="64MB", ssd_dir=None)
+    with pytest.warns(UserWarning, match="keeps to"):  # 90% of the tmpfs: not free enough
+        cache = TieredCache(cfg.resolved(), "n")
     data = values(8, 300_000)
     with pytest.warns(UserWarning, match="write failed"):
         for k, v in data.items():
             assert cache.get(k, lambda v=v: v) == v
     for k, v in data.items():
         assert cache.get(k, lambda v=v: v) == v
+
+
+def test_a_budget_larger_than_its_tmpfs_keeps_the_tier_working(tmp_path):
+    """A budget above the tmpfs keeps to 90% of it: the tier evicts as for any budget,
+    where it used to fill the tmpfs, fail its own index ("database or disk is full")
+    and be read past by every process."""
+    import warnings
+
+    path = tmp_path / "small"
+    if not (os.geteuid() == 0 and _mount_tmpfs(path, "8m")):
+        pytest.skip("needs a tmpfs of its own (root)")
+    try:
+        cfg = zstore.CacheConfig(ram_dir=path / "tier", ram_bytes="64MB", ssd_dir=None)
+        with pytest.warns(UserWarning, match=r"larger than the file system .*keeps to"):
+            cache = TieredCache(cfg.resolved(), "n")
+        data = values(16, 1_000_000)  # twice the tmpfs
+        fetched: list[str] = []
+
+        def origin(k: str, v: bytes) -> bytes:
+            fetched.append(k)
+            return v
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no write fails, the index always opens
+            for _ in range(3):
+                for k, v in data.items():
+                    assert cache.get(k, lambda k=k, v=v: origin(k, v)) == v
+        assert len(fetched) < 3 * len(data)  # the tier served some of them
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_read_only_cache_directory(tmp_path):

@@ -68,14 +68,32 @@ def test_cache_stats_shows_the_jobs_budget_and_this_runs_numbers(small_store, tm
     assert "budget of the job" in text
 
 
-def test_a_budget_larger_than_its_file_system_warns(tmp_path):
-    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="900TB", ssd_dir=None)
-    with pytest.warns(
-        UserWarning,
-        match=r"budget \(.*\) is larger than the file system.*"
-        r"remount",
-    ):
-        zstore.cache.TieredCache(cfg.resolved(), "n")
+def test_a_budget_larger_than_its_file_system_keeps_to_the_file_system(small_store, tmp_path):
+    """A budget the file system cannot hold would fill it, and a full file system stops
+    the tier (its index and every write fail): the tier keeps to 90% of it, and says so."""
+    import shutil
+
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="900TB", ssd_dir=tmp_path / "ssd", ssd_bytes="900TB"
+    )
+    with pytest.warns(UserWarning) as caught:
+        resolved = cfg.resolved()
+    said = [str(w.message) for w in caught]
+    assert any(
+        "RAM tier" in m
+        and "(818.5 TiB, ram_bytes) is larger than the file system" in m
+        and "keeps to" in m
+        and "remount" in m
+        for m in said
+    ), said
+    assert any("SSD tier" in m and "ssd_bytes" in m for m in said), said
+    cap = int(shutil.disk_usage(tmp_path).total * 0.9)
+    assert resolved.ram_bytes == resolved.ssd_bytes == cap
+    ds = zstore.WindowDataset(small_store, window_seconds=1.0, cache=cfg)
+    first = [ds[i]["wav"].numpy() for i in range(len(ds))]
+    assert all(np.array_equal(a, ds[i]["wav"].numpy()) for i, a in enumerate(first))
+    stats = zstore.cache_stats(cfg)
+    assert stats["ram"]["budget"] == cap and stats["ram"]["hits"] > 0
 
 
 def test_info_into_a_closed_pipe_is_quiet(small_store):

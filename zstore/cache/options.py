@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zstore.errors import ConfigError
-from zstore.units import parse_size
+from zstore.units import format_size, parse_size
 from zstore.urls import on_local_disk
 
 AUTO = "auto"
@@ -45,14 +46,58 @@ def default_ssd_dir() -> str:
     return os.path.join(base, "zstore")
 
 
-def _free_bytes(path: str) -> int:
+def _usage(path: str) -> Any:
+    """``shutil.disk_usage`` of the file system that holds ``path`` (its nearest existing
+    parent), or None."""
     probe = Path(path)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     try:
-        return shutil.disk_usage(probe).free
+        return shutil.disk_usage(probe)
     except OSError:
-        return 0
+        return None
+
+
+def _free_bytes(path: str) -> int:
+    usage = _usage(path)
+    return usage.free if usage is not None else 0
+
+
+def _total_bytes(path: str) -> int:
+    usage = _usage(path)
+    return usage.total if usage is not None else 0
+
+
+#: A tier's budget is at most this share of the file system that holds it: a tier
+#: filling its file system fails its own index ("database or disk is full") and every
+#: write, and is then read past by every process until it is cleared.
+FS_SHARE = 0.9
+_FITTED: set[tuple[int, str]] = set()
+
+
+def fitted_budget(name: str, directory: str, budget: int, origin: str) -> int:
+    """``budget``, or :data:`FS_SHARE` of the file system under ``directory`` where the
+    budget is larger (one warning per process and directory naming both sizes)."""
+    total = _total_bytes(directory)
+    cap = int(total * FS_SHARE)
+    if not total or budget <= cap:
+        return budget
+    if (os.getpid(), directory) not in _FITTED:
+        _FITTED.add((os.getpid(), directory))
+        grow = (
+            "mount -o remount,size=<budget + 10%> /dev/shm, as root"
+            if name == "RAM"
+            else "a larger disk"
+        )
+        warnings.warn(
+            f"zstore {name} tier at {directory}: its budget ({format_size(budget)}, "
+            f"{origin}) is larger than the file system that holds it "
+            f"({format_size(total)}); it keeps to {format_size(cap)} ({FS_SHARE:.0%} of "
+            f"it) instead, since a full file system stops the tier. Grow it ({grow}) or "
+            f"lower {origin}",
+            stacklevel=4,
+        )
+    return cap
 
 
 def default_ram_bytes(ram_dir: str) -> int:
@@ -154,6 +199,10 @@ class CacheConfig:
                 raw["ssd_bytes"], origin["ssd_bytes"], lambda: default_ssd_bytes(ssd_dir)
             )
         )
+        if ram_dir is not None and ram_bytes:
+            ram_bytes = fitted_budget("RAM", ram_dir, ram_bytes, origin["ram_bytes"])
+        if ssd_dir is not None and ssd_bytes:
+            ssd_bytes = fitted_budget("SSD", ssd_dir, ssd_bytes, origin["ssd_bytes"])
         ram_format = str(raw["ram_format"])
         if ram_format not in RAM_FORMATS:
             raise ConfigError(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -15,7 +14,6 @@ from zstore.cache.options import CacheConfig, ResolvedCache
 from zstore.cache.ownership import describe, problem
 from zstore.cache.ram_format import forget, recorded
 from zstore.cache.tier import Tier
-from zstore.units import format_size
 
 _REFUSED: set[tuple[int, str]] = set()  # (pid, directory): warned once per process
 
@@ -38,27 +36,6 @@ def safe_dirs(config: ResolvedCache) -> tuple[str | None, str | None]:
             directory = None
         out.append(directory)
     return out[0], out[1]
-
-
-_SMALL_TMPFS: set[tuple[int, str]] = set()
-
-
-def warn_if_tmpfs_too_small(directory: str, budget: int) -> None:
-    """One warning per process when the file system under the RAM tier is smaller than
-    its budget: the tier would fill it (and fail writes) long before its budget."""
-    try:
-        total = shutil.disk_usage(directory).total
-    except OSError:
-        return
-    if budget > total and (os.getpid(), directory) not in _SMALL_TMPFS:
-        _SMALL_TMPFS.add((os.getpid(), directory))
-        warnings.warn(
-            f"zstore RAM tier at {directory}: its budget ({format_size(budget)}) is "
-            f"larger than the file system that holds it ({format_size(total)}); "
-            "grow it (e.g. mount -o remount,size=<budget + 10%> /dev/shm, as root) "
-            "or lower ram_bytes / ZSTORE_RAM_BYTES",
-            stacklevel=3,
-        )
 
 
 def node_dir(config: ResolvedCache, name: str) -> str | None:
@@ -105,8 +82,6 @@ class TieredCache:
             if ssd_dir and config.ssd_bytes
             else None
         )
-        if self.ram is not None:
-            warn_if_tmpfs_too_small(self.ram.directory, self.ram.budget)
         #: What the RAM tier holds for this store: "chunks", "decoded" or "encoded" (the
         #: reader settles "auto" once it knows the store's size, see
         #: zstore.cache.ram_format).

@@ -85,6 +85,7 @@ def test_the_checksum_is_of_the_values_and_their_dtype():
     assert item_digest({"wav": x}) != item_digest({"wav": x.reshape(4, 3)})
     assert item_digest({"wav": x}) != item_digest({"mic": x})
     assert item_digest({"wav": x, "l": np.int64(1)}) != item_digest({"wav": x, "l": np.int64(2)})
+    assert item_digest({"l": np.int64(1)}) != item_digest({"l": np.array([1])})
     # a large array's second half samples blocks; its first covers every byte: one value
     # changed outside the sampled blocks still makes another item
     big = np.random.default_rng(0).standard_normal((4, 160_000)).astype(np.float32)

@@ -6,11 +6,11 @@ another file name.  Converted, each copy is an item of its own, and training see
 twice as often as the others, silently.  The converter takes a checksum of each item's
 values as it writes them (:func:`item_digest`: 64 bits over every array's name, dtype,
 shape and values, ~10 GB/s: 6-8% of a worker's time converting int16-valued audio at
-~0.6 GB/s, measured with the checksum and without), keeps
-the checksums in the store's history (``"digests"``, in the manifest's item order; an
-item written before this existed has none), and names the items that hold another's
-values in a warning, the summary and ``zstore info``.  It stores them all as they are:
-whether a copy belongs in training is the user's call (``--exclude``, ``items=``).
+~0.6 GB/s, measured with the checksum and without), keeps the checksums in the store's
+history (``"digests"``, in the manifest's item order; an item written before this
+existed has none), and names the items that hold another's values in a warning, the
+summary and ``zstore info``.  It stores them all as they are: whether a copy belongs in
+training is the user's call (``--exclude``, ``items=``).
 
 Each item's checksum also goes into its completion mark (``zstore_digest``) or its
 batch record (packed items), so a conversion resumed after a kill has the checksums of
@@ -61,8 +61,9 @@ def item_digest(arrays: Mapping[str, np.ndarray]) -> str:
     a = b = 0
     for name in sorted(arrays):
         data = np.asarray(arrays[name])
+        shape = data.shape  # a scalar's: ascontiguousarray makes it 1-d
         data = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
-        head = f"{name}|{data.dtype.str}|{data.shape}|".encode()
+        head = f"{name}|{data.dtype.str}|{shape}|".encode()
         view = data.reshape(-1).view(np.uint8).data
         a, b = crc32c(view, crc32c(head, a)), zlib.crc32(head, b)
         for part in _sampled(view):

@@ -282,3 +282,26 @@ def test_an_open_between_an_append_and_a_tidy_reads_the_new_table(tmp_path, monk
     got = {ds[i]["item"]: ds[i]["wav"].numpy() for i in range(len(ds))}
     assert np.array_equal(got["late0"], data["u0_0"]["wav"])
     assert np.array_equal(got["u1_1"], data["u1_1"]["wav"])
+
+
+def test_zstore_info_between_an_append_and_a_tidy_reads_the_new_table(tmp_path, monkeypatch):
+    """The same race for what reads the store's history first (``zstore info``): the
+    history's table gone is the store changed, not a damaged table."""
+    import zstore.format.manifest as manifest_module
+    from zstore.cli._info import store_info
+
+    store, data = _appended_store(tmp_path, appends=1)
+    write_h5(tmp_path / "late.h5", {"late0": {k: v for k, v in data["u0_0"].items()}})
+    real = manifest_module.with_history
+    landed = []
+
+    def append_and_tidy_first(*args, **kwargs):
+        if not landed:
+            landed.append(True)
+            zstore.append(str(tmp_path / "late.h5"), store, workers=1, progress=False)
+            assert zstore.tidy(store, older_than=0).tables
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(manifest_module, "with_history", append_and_tidy_first)
+    info = store_info(store)
+    assert landed and info["items"] == len(data) + 1 and info["appended_sources"] == 2

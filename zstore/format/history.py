@@ -38,6 +38,11 @@ HISTORY = "history"
 HISTORY_ATTR = "zstore_history"
 
 
+class HistoryMissingError(StoreFormatError):
+    """The item table's ``zarr.json``, which holds the history, is missing (the caller
+    tells a store changed since its root was read from a damaged one)."""
+
+
 def _plain(value: Any) -> Any:
     """``value`` as JSON gives it back, floats of whole numbers as ints: a fingerprint
     made from ``chunk_seconds=1`` and one read back as ``1.0`` digest alike."""
@@ -106,7 +111,7 @@ def with_history(
     try:
         history = json.loads(origin.read(f"{table}/zarr.json"))["attributes"][HISTORY_ATTR]
     except FileNotFoundError:
-        raise StoreFormatError(
+        raise HistoryMissingError(
             f"{where} is missing: the store's item table is damaged; restore it from a "
             "good copy or reconvert the store"
         ) from None

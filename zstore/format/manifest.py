@@ -26,7 +26,14 @@ from crc32c import crc32c
 
 from zstore.errors import StoreFormatError, StoreReplacedError
 from zstore.format._table import pack
-from zstore.format.history import HISTORY, HISTORY_ATTR, HISTORY_KEYS, split, with_history
+from zstore.format.history import (
+    HISTORY,
+    HISTORY_ATTR,
+    HISTORY_KEYS,
+    HistoryMissingError,
+    split,
+    with_history,
+)
 from zstore.format.layout import (
     MANIFEST_ATTR,
     PROGRESS_ATTR,
@@ -349,8 +356,6 @@ def read_manifest(
         )
     store_id = str(data.get("store_id", "")) if isinstance(data, dict) else ""
     appends = append_ids(data) if isinstance(data, dict) else []
-    if history and isinstance(data, dict):
-        data = with_history(data, origin, url, data.get("table"))
 
     def table(key: str) -> memoryview:
         try:
@@ -363,6 +368,12 @@ def read_manifest(
             raise
 
     try:
+        if history and isinstance(data, dict):
+            try:
+                data = with_history(data, origin, url, data.get("table"))
+            except HistoryMissingError:  # raises where the store changed
+                _table_gone(origin, url, store_id, str(data.get("table")), appends)
+                raise
         manifest = Manifest.from_json(data, url, table=table)
     except _Superseded:
         if header is not None or _reopens >= REOPENS:

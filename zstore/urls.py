@@ -1,5 +1,5 @@
 """Where a store lives: URLs and local paths, plain zarr stores for them, bytes under
-them, and whether a path is on a network file system.
+them, whether a path is on a network file system, and the space of the one under it.
 
 A shared leaf: every layer may import it; it imports no other zstore module.
 """
@@ -7,6 +7,7 @@ A shared leaf: every layer may import it; it imports no other zstore module.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import fsspec
@@ -118,3 +119,16 @@ def on_local_disk(path: str) -> bool:
     """Whether ``path`` (not a URL) is on a local disk file system (ext4, xfs, ...); False
     for network and FUSE file systems, and where the type is unknown."""
     return not is_url(path) and filesystem_type(os.path.abspath(local_path(path))) in LOCAL_DISK_FS
+
+
+def disk_usage_under(path: str) -> Any:
+    """``shutil.disk_usage`` of the file system that holds the local ``path`` (its
+    nearest existing parent: a cache or store directory not made yet), or None where it
+    cannot be told."""
+    where = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:
+        return shutil.disk_usage(where)
+    except OSError:
+        return None

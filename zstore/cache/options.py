@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from zstore.errors import ConfigError
 from zstore.units import format_size, parse_size
-from zstore.urls import on_local_disk
+from zstore.urls import disk_usage_under, on_local_disk
 
 AUTO = "auto"
 RAM_FORMATS = ("auto", "chunks", "decoded", "encoded")
@@ -46,25 +44,13 @@ def default_ssd_dir() -> str:
     return os.path.join(base, "zstore")
 
 
-def _usage(path: str) -> Any:
-    """``shutil.disk_usage`` of the file system that holds ``path`` (its nearest existing
-    parent), or None."""
-    probe = Path(path)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        return shutil.disk_usage(probe)
-    except OSError:
-        return None
-
-
 def _free_bytes(path: str) -> int:
-    usage = _usage(path)
+    usage = disk_usage_under(path)
     return usage.free if usage is not None else 0
 
 
 def _total_bytes(path: str) -> int:
-    usage = _usage(path)
+    usage = disk_usage_under(path)
     return usage.total if usage is not None else 0
 
 

@@ -11,14 +11,12 @@ rerun rewrites any item cut short).
 from __future__ import annotations
 
 import errno
-import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from zstore.errors import DestinationError, ZstoreError
 from zstore.units import format_size
-from zstore.urls import is_url
+from zstore.urls import disk_usage_under, is_url
 
 #: the errors of a full disk and of a full quota
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -27,14 +25,8 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 def _free(dst: str) -> str:
     """What is free where a local ``dst`` lies (its nearest existing parent), for the
     message; nothing for a URL or where it cannot be told."""
-    if is_url(dst):
-        return ""
-    where = os.path.abspath(os.path.expanduser(dst))
-    while not os.path.exists(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)
-    try:
-        usage = shutil.disk_usage(where)
-    except OSError:
+    usage = None if is_url(dst) else disk_usage_under(dst)
+    if usage is None:
         return ""
     return f"; {format_size(usage.free)} free of {format_size(usage.total)} there"
 

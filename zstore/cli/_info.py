@@ -146,10 +146,12 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
             f"sources: {len(sources)} file(s) ({shown}{more})"
             + (f", {appended} of them appended" if appended else "")
         )
-    digests = unpack_digests(manifest.extra.get(DIGESTS), len(manifest.items))
-    found = copies(list(manifest.items), digests)
-    # None: the store has no checksums (converted before the converter took them)
-    info["copies"] = [list(pair) for pair in found] if DIGESTS in manifest.extra else None
+    found = (  # None: no checksums (the store was converted before the converter took them)
+        copies(list(manifest.items), unpack_digests(manifest.extra[DIGESTS], len(manifest.items)))
+        if DIGESTS in manifest.extra
+        else None
+    )
+    info["copies"] = None if found is None else [list(pair) for pair in found]
     if found:
         lines.append(copies_text(found))
     made_of = manifest.extra.get("dataset_items")

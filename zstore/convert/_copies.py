@@ -26,10 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from crc32c import crc32c
 
-from zstore.format import DIGEST_ATTR
-
 __all__ = [
-    "DIGEST_ATTR",
     "DIGESTS",
     "UNKNOWN",
     "appended",

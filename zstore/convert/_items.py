@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zstore.convert._casts import cast_values
-from zstore.convert._copies import DIGEST_ATTR, checked_digest, item_digest
+from zstore.convert._copies import checked_digest, item_digest
 from zstore.convert._fields import source_dataset
 from zstore.convert._filters import read_failure
 from zstore.convert._source import SourceItem, SourcePlan, open_source
@@ -22,6 +22,7 @@ from zstore.convert._tasks import Progress, run_batches
 from zstore.convert._values import Tally, prepared, stored_values
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
+    DIGEST_ATTR,
     DONE_ATTR,
     PRECISION_ATTR,
     ArrayInfo,
@@ -126,7 +127,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
             counts = tally.array(name)
             raw = read_array(src_group, item, name, ds)
             values[name] = cast_values(job.arrays[name].dtype, raw, f"item '{item.name}'")
-            data = prepared(job.arrays[name], raw, counts, item.name)
+            data = prepared(job.arrays[name], raw, counts, item.name, values[name])
             axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
             meta = dumps(
@@ -214,7 +215,7 @@ def _write_by_zarr(
         ds = source_dataset(src_group, item.fields, name)
         raw = read_array(src_group, item, name)
         values[name] = cast_values(job.arrays[name].dtype, raw, f"item '{item.name}'")
-        data = prepared(job.arrays[name], raw, tally.array(name), item.name)
+        data = prepared(job.arrays[name], raw, tally.array(name), item.name, values[name])
         chunks, shards = _geometry(
             tuple(ds.shape), job.arrays[name], job.chunk_seconds, data.dtype.itemsize
         )

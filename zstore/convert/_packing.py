@@ -435,10 +435,9 @@ def finished_batches(job: Job, batches: list[PackBatch]) -> dict[tuple[int, int]
         want = _record(batch, job)
         if record.get("items") == want["items"] and record.get("marks") == want["marks"]:
             said = record.get("digests")
-            said = said if isinstance(said, list) and len(said) == len(batch.items) else []
-            done[(batch.group, batch.number)] = [
-                checked_digest(said[k] if said else None) for k in range(len(batch.items))
-            ]
+            if not isinstance(said, list) or len(said) != len(batch.items):
+                said = [None] * len(batch.items)  # written before the checksums
+            done[(batch.group, batch.number)] = [checked_digest(d) for d in said]
     return done
 
 

@@ -106,10 +106,16 @@ def stored_values(info: ArrayInfo, data: np.ndarray, what: str = "an item") -> n
 
 
 def prepared(
-    info: ArrayInfo, data: np.ndarray, tally: ArrayTally, item: str | None = None
+    info: ArrayInfo,
+    data: np.ndarray,
+    tally: ArrayTally,
+    item: str | None = None,
+    cast: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`stored_values`, with what the values are and what rounding cost tallied
-    (and, given the ``item`` they are all of, their NaN and infinite values)."""
+    (and, given the ``item`` they are all of, their NaN and infinite values).  ``cast``:
+    ``data`` already cast to the array's dtype by the caller (``cast_values``), not cast
+    again."""
     tally.source_bytes += data.nbytes
     if item is not None:
         tally.count_nonfinite(item, data)
@@ -119,7 +125,8 @@ def prepared(
     # activity labels often are: they would read as int16 samples, then as "float").
     if tally.kind != "float" and data.any():
         tally.kind = wider_kind(tally.kind, value_kind(data))
-    rounded = stored_values(info, data, "an item" if item is None else f"item '{item}'")
+    what = "an item" if item is None else f"item '{item}'"
+    rounded = stored_values(info, data if cast is None else cast, what)
     if info.precision is not None:
         signal, noise = energies(data, rounded)
         tally.signal += signal

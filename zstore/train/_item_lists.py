@@ -60,11 +60,7 @@ def read_item_list(path: str) -> tuple[list[str], bool]:
     if isinstance(names, (set, frozenset)) and all(isinstance(n, str) for n in names):
         names = sorted(names)
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, bytes)) for n in names):
-        what = (
-            "a JSON object"
-            if isinstance(names, dict) and not text and raw.lstrip()[:1] == b"{"
-            else f"a {type(names).__name__}"
-        )
+        what = "a JSON object" if raw.lstrip()[:1] == b"{" else f"a {type(names).__name__}"
         raise ConfigError(
             f"items={path!r}: holds {what}, not a list of item names; pass {ITEM_LIST_FORMS}"
         )

@@ -257,26 +257,35 @@ def test_a_table_a_killed_publish_cut_short_is_dated_by_its_data(tmp_path, monke
     assert _tables(root) == [current]
 
 
+def _append_and_tidy_before(monkeypatch, tmp_path, name: str) -> tuple[str, dict, list]:
+    """An appended store, and ``zstore.format.manifest``'s ``name`` (a read an open
+    makes after the root's) patched to land an append and a tidy with no wait
+    (``--older-than 0``) just before its first call, removing the table the root read
+    named. The store, its items' data, and a list that holds True once it landed."""
+    import zstore.format.manifest as manifest_module
+
+    store, data = _appended_store(tmp_path, appends=1)
+    write_h5(tmp_path / "late.h5", {"late0": {k: v for k, v in data["u0_0"].items()}})
+    real = getattr(manifest_module, name)
+    landed: list[bool] = []
+
+    def append_and_tidy_first(*args, **kwargs):
+        if not landed:  # once: between this open's root read and this read
+            landed.append(True)  # (the append makes the read too)
+            zstore.append(str(tmp_path / "late.h5"), store, workers=1, progress=False)
+            assert zstore.tidy(store, older_than=0).tables  # the table just named is gone
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(manifest_module, name, append_and_tidy_first)
+    return store, data, landed
+
+
 def test_an_open_between_an_append_and_a_tidy_reads_the_new_table(tmp_path, monkeypatch):
     """A job opening the store reads its root, then the table the root names. An append
     and a tidy with no wait (``--older-than 0``) landing between the two reads removed
     that table: the open now reads the root again and opens the store as it is (a
     pickled reader, which pins its view, is still told, above)."""
-    import zstore.format.manifest as manifest_module
-
-    store, data = _appended_store(tmp_path, appends=1)
-    write_h5(tmp_path / "late.h5", {"late0": {k: v for k, v in data["u0_0"].items()}})
-    real = manifest_module.load_table
-    landed = []
-
-    def append_and_tidy_first(*args, **kwargs):
-        if not landed:  # once: between this open's root read and its table read
-            landed.append(True)  # (the append reads the table too)
-            zstore.append(str(tmp_path / "late.h5"), store, workers=1, progress=False)
-            assert zstore.tidy(store, older_than=0).tables  # the table just read is gone
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(manifest_module, "load_table", append_and_tidy_first)
+    store, data, landed = _append_and_tidy_before(monkeypatch, tmp_path, "load_table")
     ds = zstore.WindowDataset(store, window_seconds=None, cache=False)
     assert landed and len(ds) == len(data) + 1
     got = {ds[i]["item"]: ds[i]["wav"].numpy() for i in range(len(ds))}
@@ -287,21 +296,8 @@ def test_an_open_between_an_append_and_a_tidy_reads_the_new_table(tmp_path, monk
 def test_zstore_info_between_an_append_and_a_tidy_reads_the_new_table(tmp_path, monkeypatch):
     """The same race for what reads the store's history first (``zstore info``): the
     history's table gone is the store changed, not a damaged table."""
-    import zstore.format.manifest as manifest_module
     from zstore.cli._info import store_info
 
-    store, data = _appended_store(tmp_path, appends=1)
-    write_h5(tmp_path / "late.h5", {"late0": {k: v for k, v in data["u0_0"].items()}})
-    real = manifest_module.with_history
-    landed = []
-
-    def append_and_tidy_first(*args, **kwargs):
-        if not landed:
-            landed.append(True)
-            zstore.append(str(tmp_path / "late.h5"), store, workers=1, progress=False)
-            assert zstore.tidy(store, older_than=0).tables
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(manifest_module, "with_history", append_and_tidy_first)
+    store, data, landed = _append_and_tidy_before(monkeypatch, tmp_path, "with_history")
     info = store_info(store)
     assert landed and info["items"] == len(data) + 1 and info["appended_sources"] == 2

@@ -20,14 +20,18 @@ the items written before it.
 from __future__ import annotations
 
 import base64
+import math
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from crc32c import crc32c
 
+from zstore.convert._crc import CRC32, CRC32C, combine
+
 __all__ = [
     "DIGESTS",
+    "ArrayDigest",
     "UNKNOWN",
     "appended",
     "checked_digest",
@@ -51,21 +55,94 @@ UNKNOWN = "0" * 16
 SAMPLE_BLOCK, SAMPLE_EVERY = 1 << 16, 8
 
 
-def item_digest(arrays: Mapping[str, np.ndarray]) -> str:
+def item_digest(
+    arrays: Mapping[str, np.ndarray], parts: Mapping[str, ArrayDigest] | None = None
+) -> str:
     """A checksum of an item's values, as 16 hex digits: its arrays in name order, each
     with its name, dtype (little-endian) and shape.  Equal values give equal checksums,
-    whatever byte order or layout the source stored them in."""
+    whatever byte order or layout the source stored them in.  ``parts``: arrays
+    checksummed block by block as they were converted (:class:`ArrayDigest`), which
+    give the checksum their whole values would."""
+    parts = parts or {}
     a = b = 0
-    for name in sorted(arrays):
+    for name in sorted({*arrays, *parts}):
+        if name in parts:
+            pa, pa_len, pb, pb_len = parts[name].result()
+            a, b = combine(a, pa, pa_len, CRC32C), combine(b, pb, pb_len, CRC32)
+            continue
         data = np.asarray(arrays[name])
         shape = data.shape  # a scalar's: ascontiguousarray makes it 1-d
         data = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
-        head = f"{name}|{data.dtype.str}|{shape}|".encode()
+        head = _head(name, data.dtype, shape)
         view = data.reshape(-1).view(np.uint8).data
         a, b = crc32c(view, crc32c(head, a)), zlib.crc32(head, b)
         for part in _sampled(view):
             b = zlib.crc32(part, b)
     return f"{a:08x}{b:08x}"
+
+
+def _head(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    return f"{name}|{dtype.str}|{shape}|".encode()
+
+
+class ArrayDigest:
+    """The checksum :func:`item_digest` takes of one array, fed a block of its values
+    along ``axis`` at a time (each block all of the other axes, in order of time).
+
+    In C order a block is a piece of each row (a row: every value at one index of the
+    axes before ``axis``), so each row's two CRCs are kept apart as its pieces come and
+    joined at the end (:func:`zstore.convert._crc.combine`)."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], axis: int):
+        self.name, self.shape = name, shape
+        self.axis = axis % len(shape)
+        self.rows = math.prod(shape[: self.axis])
+        self.dtype: np.dtype | None = None
+        self.a = [0] * self.rows
+        self.b = [0] * self.rows
+        self.b_len = [0] * self.rows
+
+    def add(self, block: np.ndarray, start: int) -> None:
+        """Values ``start`` to ``start + block.shape[axis]`` along the axis."""
+        data = np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<"))
+        if self.dtype is None:
+            self.dtype = data.dtype
+        elif data.dtype != self.dtype:
+            raise ValueError(f"'{self.name}': a block of {data.dtype}, not {self.dtype}")
+        step = math.prod(self.shape[self.axis + 1 :]) * data.dtype.itemsize
+        row_nbytes = self.shape[self.axis] * step
+        sampled_all = row_nbytes * self.rows <= SAMPLE_EVERY * SAMPLE_BLOCK
+        pieces = data.reshape(self.rows, -1).view(np.uint8)
+        for r in range(self.rows):
+            piece = pieces[r].data
+            self.a[r] = crc32c(piece, self.a[r])
+            at = r * row_nbytes + start * step  # the piece's offset in the whole array
+            for lo, hi in [(at, at + len(piece))] if sampled_all else _sampled_in(at, len(piece)):
+                self.b[r] = zlib.crc32(piece[lo - at : hi - at], self.b[r])
+                self.b_len[r] += hi - lo
+
+    def result(self) -> tuple[int, int, int, int]:
+        """(crc32c, its length, crc32, its length) of the array's name, dtype and shape
+        followed by its values (the crc32 of the sampled values only), each from 0."""
+        if self.dtype is None:
+            raise ValueError(f"'{self.name}': no values were added")
+        head = _head(self.name, self.dtype, self.shape)
+        row_nbytes = math.prod(self.shape[self.axis :]) * self.dtype.itemsize
+        a, b = crc32c(head), zlib.crc32(head)
+        for r in range(self.rows):
+            a = combine(a, self.a[r], row_nbytes, CRC32C)
+            b = combine(b, self.b[r], self.b_len[r], CRC32)
+        return a, len(head) + row_nbytes * self.rows, b, len(head) + sum(self.b_len)
+
+
+def _sampled_in(at: int, n: int) -> Iterator[tuple[int, int]]:
+    """The sampled byte ranges (:func:`_sampled`, of an array too large to take whole)
+    within bytes ``at`` to ``at + n`` of the array."""
+    run = SAMPLE_EVERY * SAMPLE_BLOCK
+    for k in range(at // run, (at + n - 1) // run + 1):
+        lo, hi = max(at, k * run), min(at + n, k * run + SAMPLE_BLOCK)
+        if lo < hi:
+            yield lo, hi
 
 
 def _sampled(view: memoryview) -> Iterator[memoryview]:

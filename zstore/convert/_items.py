@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zstore.convert._blocks import WHOLE, Block, blocks
 from zstore.convert._casts import cast_values
-from zstore.convert._copies import checked_digest, item_digest
+from zstore.convert._copies import ArrayDigest, checked_digest, item_digest
 from zstore.convert._fields import source_dataset
 from zstore.convert._filters import read_failure
 from zstore.convert._source import SourceItem, SourcePlan, open_source
@@ -85,11 +86,13 @@ def _geometry(
     return geometry(shape, info.rate, info.time_axis, chunk_seconds, itemsize)
 
 
-def read_array(src_group: Any, item: SourceItem, name: str, ds: Any = None) -> np.ndarray:
-    """Array ``name`` of ``item`` as the file holds it (a cast is applied by
-    :func:`zstore.convert._values.prepared`)."""
+def read_array(
+    src_group: Any, item: SourceItem, name: str, ds: Any = None, select: tuple[slice, ...] = ()
+) -> np.ndarray:
+    """Array ``name`` of ``item`` as the file holds it, or the block ``select`` of it (a
+    cast is applied by :func:`zstore.convert._values.prepared`)."""
     try:
-        return (source_dataset(src_group, item.fields, name) if ds is None else ds)[()]
+        return (source_dataset(src_group, item.fields, name) if ds is None else ds)[select]
     except (OSError, RuntimeError) as e:
         where = item.fields.get(name, (name, ""))[0]  # the dataset: a compound's, or itself
         path = f"{item.group}/{where}" if where else item.group
@@ -115,40 +118,43 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
     tally = Tally()
     for item, src_group in source_groups(items):
         objects: dict[str, bytes] = {}
+        written = 0  # bytes of the objects of arrays written in blocks
         by_zarr = []
         values: dict[str, np.ndarray] = {}  # as stored, before any rounding: the checksum
+        parts: dict[str, ArrayDigest] = {}  # the same, of arrays written in blocks
+        _parents(writer, item.name)
         for name in item.shapes:
             ds = source_dataset(src_group, item.fields, name)
+            info = job.arrays[name]
             shape, dtype = tuple(ds.shape), np.dtype(item.dtypes[name])  # cast, if any
-            chunks, shards = _geometry(shape, job.arrays[name], job.chunk_seconds, dtype.itemsize)
+            chunks, shards = _geometry(shape, info, job.chunk_seconds, dtype.itemsize)
             if not handles(job.codec, dtype, shape):
                 by_zarr.append(name)
                 continue
             counts = tally.array(name)
-            raw = read_array(src_group, item, name, ds)
-            values[name] = cast_values(job.arrays[name].dtype, raw, f"item '{item.name}'")
-            data = prepared(job.arrays[name], raw, counts, item.name, values[name])
-            axis = job.arrays[name].time_axis
             prefix = f"{item.name}/{name}/"
             meta = dumps(
                 array_meta(
-                    shape,
-                    dtype,
-                    chunks,
-                    shards,
-                    job.codec,
-                    _attributes(job, name, ds),
-                    job.arrays[name].dims,
+                    shape, dtype, chunks, shards, job.codec, _attributes(job, name, ds), info.dims
                 )
             )
             objects[prefix + "zarr.json"] = meta
             counts.stored_bytes += len(meta)
-            for key, blob in encode_array(
-                data, chunks, shards, job.codec, -1 if axis is None else axis
-            ).items():
-                objects[prefix + key] = blob
-                counts.stored_bytes += len(blob)
-        _parents(writer, item.name)
+            axis = -1 if info.time_axis is None else info.time_axis
+            for block in blocks(ds, shape, info, job.chunk_seconds, dtype.itemsize):
+                raw = read_array(src_group, item, name, ds, block.select)
+                cast = cast_values(info.dtype, raw, f"item '{item.name}'")
+                data = prepared(info, raw, counts, item.name, cast)
+                encoded = encode_array(data, chunks, shards, job.codec, axis, block.first)
+                counts.stored_bytes += sum(len(blob) for blob in encoded.values())
+                if block is WHOLE:
+                    values[name] = cast
+                    objects.update((prefix + key, blob) for key, blob in encoded.items())
+                    continue
+                parts.setdefault(name, ArrayDigest(name, shape, axis)).add(cast, block.start)
+                writer.put({prefix + key: blob for key, blob in encoded.items()}, atomic=False)
+                written += sum(len(blob) for blob in encoded.values())
+                del raw, cast, data, encoded  # before the next block is read
         writer.put(objects, atomic=False)  # the completion mark, written last, vouches
         if by_zarr:
             if root is None:
@@ -158,7 +164,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                     zarr_store(job.dst, job.storage_options, read_only=False), mode="r+"
                 )
             _write_by_zarr(job, root, src_group, item, by_zarr, tally, values)
-        digest = tally.digests[item.name] = item_digest(values)
+        digest = tally.digests[item.name] = item_digest(values, parts)
         mark = group_meta(
             {**hdf5_attrs(src_group), DONE_ATTR: job.mark(item.source), DIGEST_ATTR: digest}
         )
@@ -167,7 +173,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
         tally.stored_bytes += (
             store_bytes(f"{job.dst.rstrip('/')}/{item.name}", job.storage_options)
             if by_zarr
-            else len(mark) + sum(len(v) for v in objects.values())
+            else len(mark) + written + sum(len(v) for v in objects.values())
         )
     return [tally]
 
@@ -247,28 +253,31 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
     problems = []
     for item, src_group in source_groups(items):
         for name in item.shapes:
-            source = read_array(src_group, item, name)
-            expected = stored_values(job.arrays[name], source)
+            ds = source_dataset(src_group, item.fields, name)
+            shape, itemsize = tuple(ds.shape), np.dtype(item.dtypes[name]).itemsize
             where = f"{item.name}/{name}"
-            if handles(job.codec, expected.dtype, expected.shape):
-                found = _compare_objects(job, writer, where, name, expected)
-                if not found or "missing" in found[0]:
-                    problems += found
-                    continue
-            if root is None:
-                import zarr  # only for arrays the converter does not encode itself
+            for block in blocks(ds, shape, job.arrays[name], job.chunk_seconds, itemsize):
+                source = read_array(src_group, item, name, ds, block.select)
+                expected = stored_values(job.arrays[name], source)
+                if handles(job.codec, expected.dtype, expected.shape):
+                    found = _compare_objects(job, writer, where, name, expected, shape, block)
+                    if not found or "missing" in found[0]:
+                        problems += found
+                        continue
+                if root is None:
+                    import zarr  # only for arrays the converter does not encode itself
 
-                root = zarr.open_group(
-                    zarr_store(job.dst, job.storage_options, read_only=True),
-                    mode="r",
-                    use_consolidated=False,
-                )
-            try:
-                got = root[where][...]
-            except Exception as e:  # a checksum or codec failure is a finding
-                problems.append(f"{where}: cannot be read back ({e})")
-                continue
-            problems += compare_values(job, where, name, got, source, expected)
+                    root = zarr.open_group(
+                        zarr_store(job.dst, job.storage_options, read_only=True),
+                        mode="r",
+                        use_consolidated=False,
+                    )
+                try:
+                    got = root[where][block.select or ...]
+                except Exception as e:  # a checksum or codec failure is a finding
+                    problems.append(f"{where}: cannot be read back ({e})")
+                    continue
+                problems += compare_values(job, where, name, got, source, expected)
     return problems
 
 
@@ -293,13 +302,20 @@ def compare_values(
 
 
 def _compare_objects(
-    job: Job, writer: ObjectWriter, where: str, name: str, data: np.ndarray
+    job: Job,
+    writer: ObjectWriter,
+    where: str,
+    name: str,
+    data: np.ndarray,
+    shape: tuple[int, ...],
+    block: Block,
 ) -> list[str]:
+    """The stored objects of ``block`` of an array of ``shape`` against ``data`` (the
+    block's values as stored) encoded again."""
     info = job.arrays[name]
-    chunks, shards = _geometry(data.shape, info, job.chunk_seconds, data.dtype.itemsize)
-    want = encode_array(
-        data, chunks, shards, job.codec, -1 if info.time_axis is None else info.time_axis
-    )
+    chunks, shards = _geometry(shape, info, job.chunk_seconds, data.dtype.itemsize)
+    axis = -1 if info.time_axis is None else info.time_axis
+    want = encode_array(data, chunks, shards, job.codec, axis, block.first)
     got = writer.read_many([f"{where}/{k}" for k in want])
     meta = writer.read_many([f"{where}/zarr.json"])
     if not meta:

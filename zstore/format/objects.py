@@ -170,11 +170,14 @@ def encode_array(
     shards: tuple[int, ...] | None,
     codec: str,
     time_axis: int,
+    first: int = 0,
 ) -> dict[str, bytes]:
     """The chunk objects of ``data`` (keys relative to the array), every chunk written.
 
     Unsharded arrays are one chunk along every axis but time (the converter's form);
-    sharded ones are split along ``time_axis`` only.
+    sharded ones are split along ``time_axis`` only.  ``first``: the index along time of
+    ``data``'s first shard (or chunk, unsharded) in the array, for an array encoded a
+    block of whole shards at a time.
     """
     dtype = data.dtype
     encode = _ChunkEncoder(codec, dtype)
@@ -189,7 +192,7 @@ def encode_array(
     if shards is None:
         for k in range(math.ceil(length / step)):
             coords = ["0"] * ndim
-            coords[axis] = str(k)
+            coords[axis] = str(first + k)
             out["c/" + "/".join(coords)] = encode(_chunk_of(data, axis, k * step, step, dtype))
         return out
     per_shard = shards[axis] // step
@@ -207,7 +210,7 @@ def encode_array(
         raw_index = index.tobytes()
         parts.append(raw_index + crc32c(raw_index).to_bytes(4, "little"))
         coords = ["0"] * ndim
-        coords[axis] = str(s)
+        coords[axis] = str(first + s)
         out["c/" + "/".join(coords)] = b"".join(parts)
     return out
 

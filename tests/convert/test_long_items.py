@@ -1,0 +1,252 @@
+"""Long recordings converted a block of whole shards at a time: the same objects, values
+and checksum as the whole array gives, in a worker's memory of a few blocks."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+from conftest import subprocess_env
+from crc32c import crc32c
+
+import zstore
+from zstore.convert._copies import ArrayDigest, item_digest
+from zstore.convert._crc import CRC32, CRC32C, combine
+
+blocks_module = importlib.import_module("zstore.convert._blocks")
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*NaN")
+
+RATES = {"wav": 16000, "act": 100, "mix": 16000, "enh": 16000, "feats": 100}
+
+
+def _corpus(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Long items in the forms recordings come in: (mics, samples) contiguous
+    int16-valued float32 with a NaN; (samples, mics) chunked and gzip-compressed,
+    big-endian; true float64 audio; and a (2, frames, 3) feature array whose time
+    axis is in the middle, chunked with a whole minute along time."""
+    rng = np.random.default_rng(0)
+    n = 16000 * 200
+    wav = np.round(rng.normal(0, 900, (3, n))).astype(np.float32)
+    wav[1, 123_457] = np.nan
+    items = {
+        "meeting": {"wav": wav, "act": (rng.random((2, 200 * 100)) > 0.5).astype(np.float32)},
+        "session": {"mix": np.round(rng.normal(0, 900, (n, 2))).astype(">f4")},
+        "processed": {"enh": rng.normal(0, 0.1, (1, n)).astype(np.float64)},
+        "features": {"feats": rng.normal(0, 1, (2, 200 * 100, 3)).astype(np.float32)},
+    }
+    with h5py.File(path, "w") as f:
+        f.create_dataset("meeting/wav", data=items["meeting"]["wav"])
+        f.create_dataset("meeting/act", data=items["meeting"]["act"])
+        f.create_dataset(
+            "session/mix", data=items["session"]["mix"], chunks=(48000, 2), compression="gzip"
+        )
+        f.create_dataset("processed/enh", data=items["processed"]["enh"])
+        f.create_dataset("features/feats", data=items["features"]["feats"], chunks=(1, 6000, 3))
+    return items
+
+
+def _objects(store: Path) -> dict[str, bytes]:
+    out = {}
+    for root, _, files in os.walk(store):
+        for name in files:
+            key = os.path.relpath(os.path.join(root, name), store)
+            if "/" in key and not key.startswith("zstore_"):  # the items' (not the table's)
+                out[key] = Path(root, name).read_bytes()
+    return out
+
+
+def _convert(src: Path, dst: Path, **kw) -> zstore.ConvertReport:
+    return zstore.convert(
+        str(src),
+        str(dst),
+        rates=RATES,
+        time_axis={"wav": -1, "act": -1, "mix": 0, "enh": -1, "feats": 1},
+        workers=1,  # in this process, where the block size is patched
+        progress=False,
+        **kw,
+    )
+
+
+def test_long_items_in_blocks_store_what_whole_arrays_store(tmp_path, monkeypatch):
+    src = tmp_path / "long.h5"
+    items = _corpus(src)
+    whole = _convert(src, tmp_path / "whole.zarr", verify=True, pack_seconds=0)
+    monkeypatch.setattr(blocks_module, "BLOCK_BYTES", 1 << 20)  # 4-25 blocks an array
+    read: list[tuple] = []
+    real = blocks_module.blocks
+    monkeypatch.setattr(
+        importlib.import_module("zstore.convert._items"),
+        "blocks",
+        lambda *a: read.append(tuple(b.select for b in real(*a))) or real(*a),
+    )
+    parts = _convert(src, tmp_path / "parts.zarr", verify=True, pack_seconds=0)
+    assert max(len(r) for r in read) >= 4 and sum(len(r) == 1 for r in read) >= 1  # act
+    assert _objects(tmp_path / "whole.zarr") == _objects(tmp_path / "parts.zarr")
+    assert parts.source_bytes == whole.source_bytes and parts.store_bytes == whole.store_bytes
+    assert parts.values == whole.values  # what each array's values are, NaN counts
+    assert "1 NaN or infinite value(s) in 1 item(s) ('meeting')" in str(parts)
+    for item, arrays in items.items():
+        for name, values in arrays.items():  # each array read back whole
+            ds = zstore.WindowDataset(
+                str(tmp_path / "parts.zarr"),
+                window_seconds=None,
+                fields=[name],
+                items=[item],
+                cache=False,
+            )
+            np.testing.assert_array_equal(ds[0][name].numpy(), values)
+    for item, arrays in items.items():  # the checksum the whole values give
+        mark = json.loads((tmp_path / "parts.zarr" / item / "zarr.json").read_text())
+        assert mark["attributes"]["zstore_digest"] == item_digest(arrays)
+
+
+def test_a_conversion_cut_short_inside_a_long_item_is_finished_by_a_rerun(tmp_path, monkeypatch):
+    """A worker that fails after some of an item's blocks are written (a kill, a full
+    disk) leaves the item unmarked; the same call again writes it whole, and the store
+    holds what a conversion in one go does."""
+    src = tmp_path / "long.h5"
+    _corpus(src)
+    _convert(src, tmp_path / "whole.zarr")
+    monkeypatch.setattr(blocks_module, "BLOCK_BYTES", 1 << 20)
+    items_module = importlib.import_module("zstore.convert._items")
+    real, calls = items_module.encode_array, []
+
+    def failing(*args):
+        calls.append(args[-1])
+        if args[-1] == 2:  # an array's third block
+            raise OSError(28, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(items_module, "encode_array", failing)
+    with pytest.raises(zstore.DestinationError):
+        _convert(src, tmp_path / "parts.zarr")
+    assert calls[-3:] == [0, 1, 2]  # two blocks of an item written, not its mark
+    monkeypatch.setattr(items_module, "encode_array", real)
+    report = _convert(src, tmp_path / "parts.zarr", verify=True)
+    assert report.converted >= 1 and report.converted + report.already_done == 4
+    assert _objects(tmp_path / "whole.zarr") == _objects(tmp_path / "parts.zarr")
+
+
+def test_verify_finds_a_damaged_object_in_a_later_block(tmp_path, monkeypatch):
+    src = tmp_path / "long.h5"
+    _corpus(src)
+    monkeypatch.setattr(blocks_module, "BLOCK_BYTES", 1 << 20)
+    store = tmp_path / "s.zarr"
+    _convert(src, store)
+    shard = store / "meeting" / "wav" / "c" / "0" / "2"  # the third block's shard
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(zstore.StoreFormatError, match="meeting/wav"):
+        _convert(src, store, verify=True)  # a finished store: verified again
+
+
+def test_a_worker_holds_a_few_blocks_of_a_long_item_not_the_item(tmp_path):
+    """An item of 512 MB (4,000 s of 2 mics at 16 kHz, float32) converts in a fraction
+    of its size of memory (110 MiB here); read whole, it took 740 MiB."""
+    n = 16000 * 4000
+    src = tmp_path / "hour.h5"
+    with h5py.File(src, "w") as f:
+        ds = f.create_dataset("rec/wav", shape=(2, n), dtype=np.float32)
+        rng = np.random.default_rng(0)
+        for start in range(0, n, 1 << 22):
+            stop = min(n, start + (1 << 22))
+            ds[:, start:stop] = np.round(rng.normal(0, 900, (2, stop - start)))
+    script = textwrap.dedent(
+        f"""
+        import resource, zstore
+        if __name__ == "__main__":
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            zstore.convert({str(src)!r}, {str(tmp_path / "s.zarr")!r},
+                           rates={{"wav": 16000}}, workers=1, progress=False)
+            grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+            print(grown * 1024)
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=subprocess_env(),
+        check=True,
+    )
+    grown = int(run.stdout.split()[-1])
+    assert grown < 256 << 20, f"the conversion took {grown >> 20} MiB more memory"
+    got = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["rec/wav"]
+    with h5py.File(src) as f:
+        for start in (0, n // 2, n - 1000):
+            np.testing.assert_array_equal(
+                got[:, start : start + 1000], f["rec/wav"][:, start : start + 1000]
+            )
+
+
+def test_a_long_item_in_blocks_on_s3(tmp_path, monkeypatch, s3):
+    """Each block's objects go to the store as they are made (one PUT each), there as
+    on a local path."""
+    import s3fs
+
+    options, _ = s3
+    src = tmp_path / "long.h5"
+    items = _corpus(src)
+    monkeypatch.setattr(blocks_module, "BLOCK_BYTES", 1 << 20)
+    url = "s3://zstore-test/long-blocks.zarr"
+    _convert(src, url, storage_options=options, verify=True)
+    _convert(src, tmp_path / "local.zarr")
+    fs = s3fs.S3FileSystem(**options)
+    local = _objects(tmp_path / "local.zarr")
+    assert {k: fs.cat_file(f"{url}/{k}") for k in local} == local
+    ds = zstore.WindowDataset(
+        url,
+        window_seconds=None,
+        fields=["mix"],
+        items=["session"],
+        storage_options=options,
+        cache=False,
+    )
+    np.testing.assert_array_equal(ds[0]["mix"].numpy(), items["session"]["mix"])
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "axis", "per"),
+    [
+        ((8, 300_001), "<f4", -1, 1000),  # (mics, samples), a block not of whole rows
+        ((8, 300_001), ">f4", 1, 77_777),  # big-endian
+        ((300_001, 3), "<i2", 0, 50_000),  # (samples, mics): blocks are contiguous
+        ((2, 5, 400_000), "<f8", 2, 123_457),  # sampled blocks across rows
+        ((3, 1000, 7), "<f4", 1, 333),  # time in the middle, small: every byte in both
+        ((1, 2_000_000), "<i2", 1, 65_536),
+    ],
+)
+def test_a_checksum_taken_block_by_block_is_the_whole_arrays(shape, dtype, axis, per):
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=shape).astype(dtype)
+    label = rng.normal(size=(3, 9)).astype(np.float32)
+    digest = ArrayDigest("wav", shape, axis)
+    for start in range(0, shape[axis], per):
+        select = [slice(None)] * len(shape)
+        select[axis] = slice(start, start + per)
+        digest.add(values[tuple(select)], start)
+    whole = item_digest({"wav": values, "act": label, "z": label})
+    assert item_digest({"act": label, "z": label}, {"wav": digest}) == whole
+    changed = values.copy()
+    changed.reshape(-1)[-1] += 1  # the last value of the last row
+    assert item_digest({"wav": changed, "act": label, "z": label}) != whole
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 4096, 1_000_003])
+def test_crcs_combine_without_their_bytes(n):
+    first, second = os.urandom(777), os.urandom(n)
+    assert combine(zlib.crc32(first), zlib.crc32(second), n, CRC32) == zlib.crc32(first + second)
+    assert combine(crc32c(first), crc32c(second), n, CRC32C) == crc32c(first + second)

@@ -250,3 +250,33 @@ def test_crcs_combine_without_their_bytes(n):
     first, second = os.urandom(777), os.urandom(n)
     assert combine(zlib.crc32(first), zlib.crc32(second), n, CRC32) == zlib.crc32(first + second)
     assert combine(crc32c(first), crc32c(second), n, CRC32C) == crc32c(first + second)
+
+
+def test_blocks_are_whole_shards_and_whole_source_chunks(tmp_path):
+    """Blocks of ~BLOCK_BYTES in whole shards; where the source's own HDF5 chunks are
+    longer along time, a block holds at least one (none is read more than twice); short
+    arrays, arrays with no time axis and compound fields are read whole."""
+    from zstore.format import ArrayInfo
+
+    blocks = blocks_module.blocks
+    wav = ArrayInfo(rate=16000, time_axis=-1)
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        n = 16000 * 3600
+        plain = f.create_dataset("plain", shape=(8, n), dtype=np.float32)
+        got = blocks(plain, (8, n), wav, 1.0, 4)
+        shard = 64 * 16000  # 64 chunks of 1 s
+        assert [b.start for b in got] == list(range(0, n, 2 * shard))  # 2 shards: 64 MiB
+        assert [b.first for b in got] == list(range(0, n // shard + 1, 2))
+        assert got[-1].select == (slice(None), slice(got[-1].start, n))
+        minutes = f.create_dataset(
+            "minutes", shape=(8, n), dtype=np.float32, chunks=(1, 16000 * 600)
+        )
+        got = blocks(minutes, (8, n), wav, 1.0, 4)
+        assert [b.start for b in got] == list(range(0, n, 10 * shard))  # >= 600 s, whole shards
+        short = f.create_dataset("short", shape=(8, 16000 * 60), dtype=np.float32)
+        assert blocks(short, (8, 16000 * 60), wav, 1.0, 4) == [blocks_module.WHOLE]
+        static = ArrayInfo(rate=None, time_axis=None)
+        assert blocks(plain, (8, n), static, 1.0, 4) == [blocks_module.WHOLE]
+        table = f.create_dataset("table", shape=(n,), dtype=[("x", "<f4"), ("y", "<f4")])
+        field = importlib.import_module("zstore.convert._fields").FieldView(table, "x")
+        assert blocks(field, (n,), wav, 1.0, 4) == [blocks_module.WHOLE]

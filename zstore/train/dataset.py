@@ -13,11 +13,10 @@ import torch
 
 from zstore.cache import CacheConfig, as_cache_config
 from zstore.errors import ConfigError, some_names
-from zstore.format import Span, scale
 from zstore.read import WindowReader
 from zstore.train._dataset_setup import DatasetSetup
 from zstore.train._item_lists import select_items
-from zstore.train._window_draw import Window, window_for
+from zstore.train._windows import WindowPlacement
 
 
 def _whole(name: str, value: Any) -> int:
@@ -42,7 +41,7 @@ def _check_window(window_seconds: Any) -> float | None:
     return float(window_seconds)
 
 
-class WindowDataset(DatasetSetup, torch.utils.data.Dataset):
+class WindowDataset(DatasetSetup, WindowPlacement, torch.utils.data.Dataset):
     """Item ``i`` is a random window of utterance ``i``, drawn from ``(seed, epoch, i)``.
 
     Args:
@@ -174,77 +173,6 @@ class WindowDataset(DatasetSetup, torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         """Move to another draw of windows (call it before each epoch)."""
         self.epoch = _whole("epoch", epoch)
-
-    def window(self, i: int | tuple[int, int]) -> Window:
-        """Where ``ds[i]`` lies: item index, start, real frames and padding (coarse grid).
-
-        ``i`` is an index, or an ``(epoch, index)`` pair as zstore's samplers yield:
-        the epoch then travels with the index and ``set_epoch`` is not needed.
-        """
-        if isinstance(i, tuple):
-            epoch, i = i
-        else:
-            epoch = self.epoch
-            self._note_plain(i)
-        n = len(self)
-        if not 0 <= i < n:  # a negative index is a caller's bug, never the last item
-            raise IndexError(f"index {i} out of range for {n} windows (0 to {n - 1})")
-        item_i, j = divmod(i, self.windows_per_item)
-        item = int(self._index[item_i])
-        return window_for(item, int(self._lengths[item]), self._window, self.seed, epoch, j)
-
-    def _note_plain(self, i: int) -> None:
-        """In a DataLoader worker, say once if a plain index comes twice in one epoch:
-        the window draw did not move (set_epoch in the main process does not reach
-        persistent workers, and Lightning calls it on the sampler only)."""
-        if self._warned_epoch or torch.utils.data.get_worker_info() is None:
-            return
-        seen = self._plain_seen
-        if seen is None or seen[0] != self.epoch:
-            seen = self._plain_seen = (self.epoch, bytearray(len(self) // 8 + 1))
-        bits, i = seen[1], i % len(self)
-        if bits[i >> 3] & (1 << (i & 7)):
-            self._warned_epoch = True
-            warnings.warn(
-                f"{self.url}: window {i} was asked for twice in epoch {self.epoch}; if this "
-                "is a new epoch, its windows are the last epoch's (set_epoch did not reach "
-                "this process: persistent_workers=True, Lightning). Use "
-                "zstore.WindowSampler or zstore.NodeSampler, whose indices carry the epoch",
-                stacklevel=3,
-            )
-        bits[i >> 3] |= 1 << (i & 7)
-
-    def locate(self, i: int | tuple[int, int]) -> tuple[str, dict[str, Span | None], float, int]:
-        """What ``ds[i]`` reads: (item name, span per field, start in seconds, real
-        frames of the coarsest field)."""
-        name, spans, start, take, _ = self.placed(i)
-        return name, spans, start, take
-
-    def placed(
-        self, i: int | tuple[int, int]
-    ) -> tuple[str, dict[str, Span | None], float, int, int]:
-        """:meth:`locate`, and the item's position in the store's manifest."""
-        w = self.window(i)
-        coarse_rate = self._rates[self._coarse] if self._coarse else 1.0
-        return self._items[w.item], self._spans(w), w.start / coarse_rate, w.take, w.item
-
-    def _spans(self, w: Window) -> dict[str, Span | None]:
-        spans: dict[str, Span | None] = {}
-        coarse_rate = self._rates.get(self._coarse, 1.0) if self._coarse else 1.0
-        for name, whole, ratio in self._rules:
-            if ratio is None or self._window is None:  # whole arrays
-                spans[name] = None
-            elif whole is not None:  # exact; ends within the field (see _rules)
-                start, stop = w.start * whole, (w.start + w.take) * whole
-                spans[name] = Span(start, stop, (w.take + w.pad) * whole - (stop - start))
-            else:
-                rate = self._rates[name]
-                start = scale(w.start, coarse_rate, rate)
-                stop = scale(w.start + w.take, coarse_rate, rate)
-                total = scale(w.take + w.pad, coarse_rate, rate)
-                stop = min(stop, int(self._field_lengths[name][w.item]))  # rounding
-                spans[name] = Span(start, stop, total - (stop - start))
-        return spans
 
     def __getitem__(self, i: int | tuple[int, int]) -> dict[str, Any]:
         w = self.window(i)

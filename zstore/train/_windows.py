@@ -50,12 +50,37 @@ class WindowPlacement:
         else:
             epoch = self.epoch
             self._note_plain(i)
+        item, j = self._item_at(i)
+        return window_for(item, int(self._lengths[item]), self._window, self.seed, epoch, j)
+
+    def _item_at(self, i: int) -> tuple[int, int]:
+        """(the item's position in the store's manifest, which of its windows) of index
+        ``i``."""
         n = len(self)
         if not 0 <= i < n:  # a negative index is a caller's bug, never the last item
             raise IndexError(f"index {i} out of range for {n} windows (0 to {n - 1})")
         item_i, j = divmod(i, self.windows_per_item)
-        item = int(self._index[item_i])
-        return window_for(item, int(self._lengths[item]), self._window, self.seed, epoch, j)
+        return int(self._index[item_i]), j
+
+    def item_attrs(self, key: int | tuple[int, int] | str) -> dict[str, Any]:
+        """The attributes of an item's HDF5 group, as the converter kept them (a speaker,
+        a gender, a transcript kept as an attribute): of the item that ``ds[key]`` reads
+        (an index, or an ``(epoch, index)`` pair), or of the item named ``key``, as
+        ``ds[i]["item"]`` and a :class:`zstore.WindowLoader` batch's ``"item"`` give
+        it.  NaN and infinite values come back as floats; the converter's own marks are
+        left out.  Read through the cache tiers on each call (a packed item's from its
+        batch's record, which this process keeps)."""
+        if isinstance(key, str):
+            try:
+                position = self.reader.open().manifest.position(key)
+            except ValueError:
+                like = f"items are named like {self._items[0]!r}; " if len(self._items) else ""
+                raise KeyError(
+                    f"{self.url}: no item is named {key!r} ({like}see zstore info)"
+                ) from None
+        else:
+            position = self._item_at(key[1] if isinstance(key, tuple) else key)[0]
+        return self.reader.item_attrs(position)
 
     def _note_plain(self, i: int) -> None:
         """In a DataLoader worker, say once if a plain index comes twice in one epoch:

@@ -1,0 +1,98 @@
+"""``WindowDataset.item_attrs``: an item's HDF5 attributes (speaker, transcript, gain),
+by index, ``(epoch, index)`` pair or name, for packed and unpacked items alike."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+from conftest import write_h5
+
+import zstore
+
+
+def _corpus(path) -> dict[str, dict]:
+    """Short utterances (packed) and long recordings (a group each), with the
+    attributes speech corpora keep: text, numbers, a NaN, an array, bytes."""
+    rng = np.random.default_rng(0)
+    items, attrs = {}, {}
+    for i, seconds in enumerate([2, 3, 40, 2.5, 35]):
+        name = f"spk{i % 2}/utt{i}"
+        n = int(16000 * seconds)
+        items[name] = {"wav": rng.integers(-3000, 3000, (1, n)).astype(np.float32)}
+        attrs[name] = {
+            "speaker": f"spk{i % 2}",
+            "text": f"utterance number {i} — ünïcödé",
+            "gain_db": float(i) - 1.5,
+            "snr": float("nan") if i == 3 else 20.0 + i,
+            "channels": np.arange(i + 1),
+            "corpus": b"dev",
+        }
+    write_h5(path, items, attrs)
+    return attrs
+
+
+def _expected(a: dict) -> dict:
+    return {
+        "speaker": a["speaker"],
+        "text": a["text"],
+        "gain_db": a["gain_db"],
+        "snr": a["snr"],
+        "channels": a["channels"].tolist(),
+        "corpus": "dev",
+    }
+
+
+def _same(got: dict, want: dict) -> bool:
+    nan = isinstance(want["snr"], float) and math.isnan(want["snr"])
+    if nan and not math.isnan(got.get("snr", 0.0)):
+        return False
+    strip = {k: v for k, v in got.items() if not (nan and k == "snr")}
+    return strip == {k: v for k, v in want.items() if not (nan and k == "snr")}
+
+
+def test_item_attrs_by_index_pair_and_name(tmp_path):
+    attrs = _corpus(tmp_path / "c.h5")
+    store = str(tmp_path / "c.zarr")
+    report = zstore.convert(
+        str(tmp_path / "c.h5"), store, rates={"wav": 16000}, workers=1, progress=False
+    )
+    assert report.packed == 3  # the short ones; the long ones keep a group each
+    ds = zstore.WindowDataset(store, window_seconds=1.0, windows_per_item=2, cache=False)
+    assert len(ds) == 10
+    for i in range(len(ds)):
+        name = ds[i]["item"]
+        want = _expected(attrs[name])
+        assert _same(ds.item_attrs(i), want), (i, name, ds.item_attrs(i))
+        assert _same(ds.item_attrs((3, i)), want)
+        assert _same(ds.item_attrs(name), want)
+        assert not any(k.startswith("zstore") for k in ds.item_attrs(i))
+    subset = zstore.WindowDataset(
+        store, window_seconds=1.0, items=["spk0/utt4", "spk1/utt1"], cache=False
+    )
+    assert _same(subset.item_attrs(0), _expected(attrs["spk0/utt4"]))
+    assert _same(subset.item_attrs(1), _expected(attrs["spk1/utt1"]))
+    assert _same(subset.item_attrs("spk0/utt2"), _expected(attrs["spk0/utt2"]))  # any item
+    copy = pickle.loads(pickle.dumps(ds))  # as a DataLoader worker gets it
+    assert _same(copy.item_attrs(4), _expected(attrs[ds[4]["item"]]))
+    with pytest.raises(IndexError, match="index 10 out of range for 10 windows"):
+        ds.item_attrs(10)
+    with pytest.raises(KeyError, match="no item is named 'utt9'.*named like 'spk"):
+        ds.item_attrs("utt9")
+
+
+def test_item_attrs_beside_a_loaders_batches(tmp_path, cache):
+    """A batch names its items; their attributes are a lookup away, through the tiers."""
+    attrs = _corpus(tmp_path / "c.h5")
+    store = str(tmp_path / "c.zarr")
+    zstore.convert(str(tmp_path / "c.h5"), store, rates={"wav": 16000}, workers=1, progress=False)
+    ds = zstore.WindowDataset(store, window_seconds=1.0, cache=cache)
+    loader = zstore.WindowLoader(ds, batch_size=2, shuffle=True)
+    seen = set()
+    for batch in loader:
+        for name in batch["item"]:
+            assert _same(ds.item_attrs(name), _expected(attrs[name]))
+            seen.add(name)
+    assert seen == set(attrs)

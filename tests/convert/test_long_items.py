@@ -253,9 +253,11 @@ def test_crcs_combine_without_their_bytes(n):
 
 
 def test_blocks_are_whole_shards_and_whole_source_chunks(tmp_path):
-    """Blocks of ~BLOCK_BYTES in whole shards; where the source's own HDF5 chunks are
-    longer along time, a block holds at least one (none is read more than twice); short
-    arrays, arrays with no time axis and compound fields are read whole."""
+    """Blocks of ~BLOCK_BYTES in whole shards; where the source's own compressed HDF5
+    chunks are longer along time, a block holds at least one (none is decompressed more
+    than twice), and one chunk of all the time is read whole; uncompressed chunks are
+    read in part.  Short arrays, arrays with no time axis and compound fields are read
+    whole."""
     from zstore.format import ArrayInfo
 
     blocks = blocks_module.blocks
@@ -269,10 +271,16 @@ def test_blocks_are_whole_shards_and_whole_source_chunks(tmp_path):
         assert [b.first for b in got] == list(range(0, n // shard + 1, 2))
         assert got[-1].select == (slice(None), slice(got[-1].start, n))
         minutes = f.create_dataset(
-            "minutes", shape=(8, n), dtype=np.float32, chunks=(1, 16000 * 600)
+            "minutes", shape=(8, n), dtype=np.float32, chunks=(1, 16000 * 600), compression="lzf"
         )
         got = blocks(minutes, (8, n), wav, 1.0, 4)
         assert [b.start for b in got] == list(range(0, n, 10 * shard))  # >= 600 s, whole shards
+        hour = f.create_dataset("hour", shape=(8, n), dtype=np.float32, chunks=(1, n))
+        assert [b.start for b in blocks(hour, (8, n), wav, 1.0, 4)] == list(range(0, n, 2 * shard))
+        packed = f.create_dataset(
+            "packed", shape=(8, n), dtype=np.float32, chunks=(1, n), compression="gzip"
+        )
+        assert blocks(packed, (8, n), wav, 1.0, 4) == [blocks_module.WHOLE]
         short = f.create_dataset("short", shape=(8, 16000 * 60), dtype=np.float32)
         assert blocks(short, (8, 16000 * 60), wav, 1.0, 4) == [blocks_module.WHOLE]
         static = ArrayInfo(rate=None, time_axis=None)

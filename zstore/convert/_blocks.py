@@ -23,7 +23,8 @@ from zstore.format import ArrayInfo, geometry
 
 #: source bytes of an array read in one piece; longer time arrays go in blocks of
 #: whole shards of about this size (at least one shard, and at least one of the
-#: source's own HDF5 chunks along time, so none is read more than twice)
+#: source's own compressed HDF5 chunks along time, so none is decompressed more than
+#: twice; HDF5 reads part of an uncompressed chunk straight from the file)
 BLOCK_BYTES = 64 << 20
 
 
@@ -57,7 +58,7 @@ def blocks(
     shard = shards[axis] if shards is not None else length
     step = nbytes // length  # bytes of one step along time
     per = max(1, BLOCK_BYTES // (shard * step)) * shard
-    if ds.chunks is not None:
+    if ds.chunks is not None and ds.id.get_create_plist().get_nfilters():
         per = max(per, -(-ds.chunks[axis] // shard) * shard)
     if per >= length:
         return [WHOLE]

@@ -6,7 +6,7 @@ int16-valued or true float with now and then a NaN or infinity; ``act`` at 100 f
 with random odd features:
 
 - arrays in some groups only (an 8-value embedding ``emb``), a scalar ``label`` in each;
-- a transcript as a string dataset (skipped by the converter);
+- a transcript as a string dataset (kept as an attribute of its item);
 - a dimension scale (``frame_time``, float64) attached to ``act``;
 - a soft link to the group's own ``wav`` (``mic0``: the same values under another name);
 - a group hard-linked under a second name (converted once, under the first name in name
@@ -263,6 +263,12 @@ def odd(seed: int, where: str, remote: bool) -> str:
             same(w[name].numpy(), want[item][name], (item, name))
     assert seen == pairs, ("missing", sorted(pairs - seen))
 
+    texts = {}  # each item's transcript, as h5py reads it (a hard link: its group's)
+    for h5_file in (h5, os.path.join(where, "more.h5")) if appended else (h5,):
+        with h5py.File(h5_file, "r") as f:
+            for item in want:
+                if item in f and "text" in f[item]:
+                    texts[item] = f[item]["text"].asstr()[()]
     attrs: dict[str, dict[str, Any]] = {}
 
     def keep(item: str, a: dict[str, Any]) -> bool:
@@ -274,6 +280,8 @@ def odd(seed: int, where: str, remote: bool) -> str:
     for item, a in attrs.items():
         gain = a.get("gain")
         assert isinstance(gain, float), (item, "gain", gain)
+        if feat["text"]:  # the string dataset, as an attribute
+            assert a.get("text") == texts.get(item), (item, "text", a.get("text"))
 
     cache = _cache_options(rng, where)
     fs = ModelledFileSystem(latency=0.0002) if remote and not so and rng.random() < 0.7 else None

@@ -288,37 +288,52 @@ def test_a_large_file_walked_in_parts_scans_as_one_walk(tmp_path, monkeypatch):
         _scan.walk_part(src, (1, 2, 3), [(b"rec_000", h5py.h5l.TYPE_HARD)])
 
 
-def test_string_datasets_in_every_group_are_said_once_per_kind(tmp_path):
-    """Speech corpora keep a transcript (a string dataset) in each utterance's group.
-    What is left out is said once per dataset name and reason, with how many groups and
-    the first few, in the warning, the report, the manifest and ``zstore info``: one
-    line per group gave 2 warnings and 2 report lines per item, and a root header that
-    grew with the corpus (read by every process that opens the store)."""
-    seconds = [0.5 + 0.01 * i for i in range(300)]
+def test_string_datasets_are_kept_as_attributes_and_the_rest_said_once_per_kind(tmp_path):
+    """Speech corpora keep a transcript (a string dataset) in each utterance's group: it
+    is kept as an attribute of the item (``ds.item_attrs``), packed or not; a list of
+    words too.  What is left out (strings that are no list, strings in a group that is
+    no item) is said once per dataset name and reason, with how many groups and the
+    first few, in the warning, the report, the manifest and ``zstore info``: one line
+    per group gave 2 warnings and 2 report lines per item, and a root header that grew
+    with the corpus (read by every process that opens the store)."""
+    seconds = [0.5 + 0.01 * i for i in range(299)] + [30.0]  # the last one unpacked
 
     def strings(g, i):
-        g["text"] = f"transcript {i}"
+        g["text"] = f"transcript {i} — ünï"
         g["words"] = np.array([b"a", b"bc"])
+        g["grid"] = np.array([[b"a", b"b"], [b"c", b"d"]])  # no list: left out
         if i == 7:
             g["note"] = "only here"
 
     src = speech(tmp_path / "t.h5", seconds, strings)
+    with h5py.File(src, "a") as f:
+        f["meta/corpus"] = "a group of strings only"
     with pytest.warns(UserWarning) as said:
         report = zstore.convert(
             src, tmp_path / "t.zarr", rates={"wav": 16000}, workers=1, progress=False
         )
     warned = [str(w.message) for w in said if "skipping" in str(w.message)]
-    assert len(warned) == 3, warned
-    text = next(w for w in warned if "text: non-numeric dtype object" in w)
-    assert "in 300 groups (rec_000, rec_001, rec_002 and 297 more)" in text
-    assert any("rec_007/note: non-numeric dtype object" in w for w in warned)
-    assert len(report.skipped) == 3 and len(str(report).splitlines()) < 20
+    assert len(warned) == 2, warned
+    grid = next(w for w in warned if "grid: strings (|S1), more than one list" in w)
+    assert "in 300 groups (rec_000, rec_001, rec_002 and 297 more)" in grid
+    assert any(
+        "meta/corpus: strings (object) in a group that holds no numeric" in w for w in warned
+    )
+    assert len(report.skipped) == 2 and len(str(report).splitlines()) < 20
+    assert report.texts == {"text": 300, "words": 300, "note": 1}
+    assert "note, text, words: strings, kept as attributes of their items (300" in str(report)
+    assert report.packed == 299
     manifest = manifest_of(tmp_path / "t.zarr")
     assert manifest.extra["skipped"] == report.skipped
     assert (tmp_path / "t.zarr" / "zarr.json").stat().st_size < 8192
     info = cli("info", str(tmp_path / "t.zarr")).stdout
-    assert "words: non-numeric dtype |S2, in 300 groups" in info
-    assert len(zstore.WindowDataset(tmp_path / "t.zarr", window_seconds=None, cache=False)) == 300
+    assert "grid: strings (|S1), more than one list of 4096" in info
+    ds = zstore.WindowDataset(tmp_path / "t.zarr", window_seconds=None, cache=False)
+    assert len(ds) == 300
+    for i in (0, 7, 299):
+        attrs = ds.item_attrs(f"rec_{i:03d}")
+        assert attrs["text"] == f"transcript {i} — ünï" and attrs["words"] == ["a", "bc"]
+        assert ("note" in attrs) is (i == 7) and "grid" not in attrs
 
 
 def test_what_is_left_out_is_said_in_at_most_a_hundred_lines(tmp_path):
@@ -1169,3 +1184,30 @@ def test_a_killed_append_rerun_after_a_virtual_source_changed_writes_the_new_val
     ds = zstore.WindowDataset(dst, window_seconds=None, cache=False)
     got = {ds[i]["item"]: ds[i]["wav"].numpy() for i in range(len(ds))}
     assert (got["rec_000"][:, :16000] == 0.5).all()
+
+
+@pytest.mark.parametrize("pack_seconds", [10.0, 0.0])
+def test_transcripts_of_appended_items_are_their_attributes(tmp_path, pack_seconds):
+    def text(g, i):
+        g["text"] = f"utterance {i}"
+
+    a = speech(tmp_path / "a.h5", [1.0, 2.0], text)
+    b = str(tmp_path / "b.h5")
+    with h5py.File(b, "w") as f:
+        for i, seconds in enumerate([1.5, 12.0]):
+            f[f"more_{i}/wav"] = np.zeros((2, int(16000 * seconds)), np.float32)
+            f[f"more_{i}/act"] = np.zeros((2, int(100 * seconds)), np.float32)
+            f[f"more_{i}/text"] = np.array(["more", f"words {i}"], dtype=h5py.string_dtype())
+    store = tmp_path / "s.zarr"
+    options = {"rates": {"wav": 16000}, "workers": 1, "progress": False}
+    zstore.convert(a, store, pack_seconds=pack_seconds, **options)
+    report = zstore.append(b, store, **options)
+    assert report.texts == {"text": 2}
+    ds = zstore.WindowDataset(store, window_seconds=None, cache=False)
+    got = {ds[i]["item"]: ds.item_attrs(i)["text"] for i in range(len(ds))}
+    assert got == {
+        "rec_000": "utterance 0",
+        "rec_001": "utterance 1",
+        "more_0": ["more", "words 0"],
+        "more_1": ["more", "words 1"],
+    }

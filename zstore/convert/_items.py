@@ -37,6 +37,7 @@ from zstore.format import (
     group_meta,
     handles,
     hdf5_attrs,
+    text_attrs,
     within_rounding,
 )
 from zstore.urls import store_bytes, zarr_store
@@ -165,9 +166,9 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                 )
             _write_by_zarr(job, root, src_group, item, by_zarr, tally, values)
         digest = tally.digests[item.name] = item_digest(values, parts)
-        mark = group_meta(
-            {**hdf5_attrs(src_group), DONE_ATTR: job.mark(item.source), DIGEST_ATTR: digest}
-        )
+        attrs = hdf5_attrs(src_group)
+        attrs.update(text_attrs(src_group, item.texts, attrs))
+        mark = group_meta({**attrs, DONE_ATTR: job.mark(item.source), DIGEST_ATTR: digest})
         writer.put({f"{item.name}/zarr.json": mark})
         tally.items += 1
         tally.stored_bytes += (

@@ -23,7 +23,7 @@ from zstore.convert._fields import ITSELF, source_dataset
 from zstore.convert._filters import read_failure
 from zstore.convert._items import source_files
 from zstore.convert._source import SourceItem, identity_of
-from zstore.format import hdf5_attrs, hdf5_attrs_at, hdf5_attrs_of
+from zstore.format import hdf5_attrs, hdf5_attrs_at, hdf5_attrs_of, text_attrs
 
 
 def read_items(
@@ -123,6 +123,8 @@ def _read_item(
             group_attrs = hdf5_attrs_at(f.id, item.group, counts[""], lambda: f[item.group])
         else:
             group_attrs = {}
+        if item.texts:  # string datasets: attributes of the item
+            group_attrs.update(text_attrs(f[item.group], item.texts, group_attrs))
         if group_attrs:
             attrs["attrs"] = group_attrs
     except (OSError, RuntimeError, KeyError) as e:

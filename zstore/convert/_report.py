@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from zstore.convert._copies import copies_text
+from zstore.convert._source import SourceItem
 from zstore.format import ArrayInfo
 from zstore.units import format_size
 
@@ -35,6 +38,8 @@ class ConvertReport:
     #: (item, the earlier item whose values it holds) for each item written now that
     #: copies another (zstore.convert._copies); stored all the same
     copies: list[tuple[str, str]] = field(default_factory=list)
+    #: string datasets kept as attributes of their items (a transcript): name -> items
+    texts: dict[str, int] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -76,6 +81,13 @@ class ConvertReport:
             lines.append(f"  {name}: {how}")
             if name in self.values:
                 lines.append(f"    {self.values[name]}")
+        if self.texts:
+            names = ", ".join(sorted(self.texts))
+            most = max(self.texts.values())
+            lines.append(
+                f"  {names}: strings, kept as attributes of their items ({most} item(s); "
+                "ds.item_attrs)"
+            )
         lines += [f"  skipped {s}" for s in self.skipped]
         lines += [
             f"already in the store, nothing added from it: {s}" for s in self.already_in_store
@@ -89,3 +101,8 @@ class ConvertReport:
                 + (f" ({', '.join(rounded)}: within the stated rounding)" if rounded else "")
             )
         return "\n".join(lines)
+
+
+def text_counts(items: Sequence[SourceItem]) -> dict[str, int]:
+    """Per string dataset name kept as an item attribute, how many of ``items`` have it."""
+    return dict(Counter(name for it in items for name in it.texts))

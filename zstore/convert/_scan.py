@@ -20,7 +20,14 @@ import numpy as np
 
 from zstore.convert._dataset_items import dataset_items as _dataset_items
 from zstore.convert._fields import SEPARATOR, numeric_fields
-from zstore.convert._source import NUMERIC_KINDS, SourceItem, identity_of, open_source
+from zstore.convert._source import (
+    MAX_TEXT_VALUES,
+    NUMERIC_KINDS,
+    SourceItem,
+    identity_of,
+    is_text,
+    open_source,
+)
 from zstore.convert._subgroups import merge_subgroups, nested_items
 from zstore.convert._virtual import OtherFiles, Others, other_files
 from zstore.errors import SourceError
@@ -134,6 +141,7 @@ def scan(
         return _depending(items, others, files), skipped
     groups: dict[str, list[tuple[str, tuple[int, ...], np.dtype]]] = {}
     split: dict[str, dict[str, tuple[str, str]]] = {}  # group -> its compound fields
+    texts: dict[str, list[tuple[str, np.dtype]]] = {}  # group -> its string datasets
     paths = {full for full, _, _ in found}
     for full, shape, dtype in found:
         group, _, key = full.rpartition("/")
@@ -152,6 +160,13 @@ def scan(
             for array, (field, fdtype) in zip(names, fields):
                 groups.setdefault(group, []).append((array, shape, fdtype))
                 split.setdefault(group, {})[array] = (key, field)
+        elif is_text(shape, dtype):  # a transcript: an attribute of its item, if any
+            texts.setdefault(group, []).append((key, dtype))
+        elif h5py.check_string_dtype(dtype) is not None:
+            skipped.append(
+                f"{group}/{key}: strings ({dtype}), more than one list of "
+                f"{MAX_TEXT_VALUES} to keep as an attribute of the item"
+            )
         elif dtype.kind not in NUMERIC_KINDS or dtype.names:
             skipped.append(f"{group}/{key}: non-numeric dtype {dtype}")
         else:
@@ -185,8 +200,15 @@ def scan(
                 },
                 identity,
                 split.get(name, {}),
+                texts=sorted(k for k, _ in texts.get(name, [])),
             )
         )
+    for group, kept in texts.items():  # no item to keep them: left out, as others
+        if group not in groups:
+            skipped += [
+                f"{group}/{key}: strings ({dtype}) in a group that holds no numeric dataset"
+                for key, dtype in kept
+            ]
     if not items:
         at_root = sum(1 for full, _, d in found if "/" not in full and d.kind in NUMERIC_KINDS)
         raise SourceError(

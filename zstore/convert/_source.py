@@ -52,6 +52,9 @@ class SourceItem:
     #: other files its datasets read (a virtual dataset's sources, external storage),
     #: with their (size, mtime_ns, inode) when scanned (:mod:`zstore.convert._virtual`)
     depends: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: string datasets of the group (a transcript, a speaker's name), kept as the
+    #: item's attributes (:func:`zstore.format.text_attrs`)
+    texts: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -63,6 +66,19 @@ class SourcePlan:
     skipped: list[str] = field(default_factory=list)  # "item/array: why"
     #: those of ``skipped`` left out as asked (``--include``/``--exclude``): not warned of
     chosen: list[str] = field(default_factory=list)
+
+
+#: the most strings a string dataset may hold to be kept as an attribute of its item
+#: (a transcript, a list of words or of segment texts); larger ones are left out
+MAX_TEXT_VALUES = 4096
+
+
+def is_text(shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether a dataset is strings an item keeps as an attribute: a string, or a list
+    of at most :data:`MAX_TEXT_VALUES` of them."""
+    if h5py.check_string_dtype(dtype) is None:
+        return False
+    return len(shape) == 0 or (len(shape) == 1 and shape[0] <= MAX_TEXT_VALUES)
 
 
 def identity_of(file: int | str) -> tuple[int, int, int]:

@@ -35,7 +35,7 @@ from zstore.convert._corpus import (
 from zstore.convert._items import Job
 from zstore.convert._new_arrays import planned_axes, planned_rates, with_new_arrays
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
-from zstore.convert._report import ConvertReport
+from zstore.convert._report import ConvertReport, text_counts
 from zstore.convert._skipped import extend
 from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._space import destination_space
@@ -228,6 +228,7 @@ def append(
         values=value_lines(new.arrays, tally, source.items, new.chunk_seconds, new.codec),
         packed=packs.items,
         copies=found,
+        texts=text_counts(source.items),
     )
 
 

@@ -26,7 +26,7 @@ from zstore.convert._corpus import differences as corpus_differences
 from zstore.convert._corpus import fingerprint as corpus_fingerprint
 from zstore.convert._items import Job, compressors
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
-from zstore.convert._report import ConvertReport
+from zstore.convert._report import ConvertReport, text_counts
 from zstore.convert._skipped import MAX_WARNINGS
 from zstore.convert._source import SourcePlan, check_unchanged, plan
 from zstore.convert._space import destination_space
@@ -480,4 +480,5 @@ def _report(
         seconds=time.perf_counter() - t0,
         arrays=source.arrays,
         skipped=source.skipped,
+        texts=text_counts(source.items),
     )

@@ -10,7 +10,13 @@ May import: the shared leaves (:mod:`zstore.errors`, :mod:`zstore.units`,
 read path, training or torch: a reader and the converter both stand on it.
 """
 
-from zstore.format.attrs import decode_attrs, hdf5_attrs, hdf5_attrs_at, hdf5_attrs_of
+from zstore.format.attrs import (
+    decode_attrs,
+    hdf5_attrs,
+    hdf5_attrs_at,
+    hdf5_attrs_of,
+    text_attrs,
+)
 from zstore.format.decode import EMPTY, decode_chunk, decode_index, fill_chunk, strip_crc
 from zstore.format.history import (
     HISTORY,
@@ -153,6 +159,7 @@ __all__ = [
     "hdf5_attrs",
     "hdf5_attrs_at",
     "hdf5_attrs_of",
+    "text_attrs",
     "Manifest",
     "MANIFEST_ATTR",
     "ObjectWriter",

@@ -19,7 +19,7 @@ are written as strict JSON:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import h5py
@@ -36,6 +36,15 @@ def hdf5_attrs(obj: Any) -> dict[str, Any]:
     if not h5py.h5a.get_num_attrs(obj.id):  # most have none: skip building the view
         return {}
     return _strict(obj.attrs.items(), obj.file)
+
+
+def text_attrs(group: Any, names: Sequence[str], attrs: dict[str, Any]) -> dict[str, Any]:
+    """String datasets ``names`` of an h5py ``group`` (a transcript; a list of words) as
+    attributes: a text, or a list of texts.  A name the group's attributes ``attrs``
+    have already is left to the attribute."""
+    return {
+        name: _value(group[name][()], group.file, [False]) for name in names if name not in attrs
+    }
 
 
 def _strict(values: Any, file: Any) -> dict[str, Any]:

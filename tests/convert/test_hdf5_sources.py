@@ -316,9 +316,7 @@ def test_string_datasets_are_kept_as_attributes_and_the_rest_said_once_per_kind(
     assert len(warned) == 2, warned
     grid = next(w for w in warned if "grid: strings (|S1), more than one list" in w)
     assert "in 300 groups (rec_000, rec_001, rec_002 and 297 more)" in grid
-    assert any(
-        "meta/corpus: strings (object) in a group that holds no numeric" in w for w in warned
-    )
+    assert any("meta/corpus: strings (object) in a group that is not an item" in w for w in warned)
     assert len(report.skipped) == 2 and len(str(report).splitlines()) < 20
     assert report.texts == {"text": 300, "words": 300, "note": 1}
     assert "note, text, words: strings, kept as attributes of their items (300" in str(report)

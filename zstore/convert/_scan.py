@@ -206,7 +206,7 @@ def scan(
     for group, kept in texts.items():  # no item to keep them: left out, as others
         if group not in groups:
             skipped += [
-                f"{group}/{key}: strings ({dtype}) in a group that holds no numeric dataset"
+                f"{group}/{key}: strings ({dtype}) in a group that is not an item"
                 for key, dtype in kept
             ]
     if not items:

@@ -83,3 +83,20 @@ def rank_without_report(rank: int, barrier, queue) -> None:
     """Return without a report from rank 1 (for spawn_ranks' tests)."""
     if rank != 1:
         queue.put(rank)
+
+
+def in_flight_until_seen(flag: str, batch) -> list[int]:
+    """A conversion task that says 1,000 bytes are in flight, waits until the converting
+    process has shown them (it creates ``flag``), then takes them back."""
+    import importlib
+    import time
+
+    tasks = importlib.import_module("zstore.convert._tasks")
+    tasks.in_flight(1000)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the converting process never showed the bytes in flight")
+        time.sleep(0.01)
+    tasks.in_flight(-1000)
+    return [len(batch)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import subprocess_env
+from conftest import subprocess_env, wait_until
 from crc32c import crc32c
 
 import zstore
@@ -288,3 +289,85 @@ def test_blocks_are_whole_shards_and_whole_source_chunks(tmp_path):
         table = f.create_dataset("table", shape=(n,), dtype=[("x", "<f4"), ("y", "<f4")])
         field = importlib.import_module("zstore.convert._fields").FieldView(table, "x")
         assert blocks(field, (n,), wav, 1.0, 4) == [blocks_module.WHOLE]
+
+
+def test_the_progress_bar_moves_within_a_long_item(tmp_path, monkeypatch):
+    """A long item takes minutes: the bar counts its blocks' bytes as they are written
+    (in this process with one worker), and takes them back once the item is counted."""
+    src = tmp_path / "long.h5"
+    _corpus(src)
+    monkeypatch.setattr(blocks_module, "BLOCK_BYTES", 1 << 20)
+    items_module = importlib.import_module("zstore.convert._items")
+    seen: list[tuple[int, int]] = []  # (items done, bytes in flight) at each block
+
+    class Watched(items_module.Progress):
+        def add_in_flight(self, nbytes):
+            super().add_in_flight(nbytes)
+            seen.append((self.bar.n, self.in_flight))
+
+    monkeypatch.setattr(items_module, "Progress", Watched)
+    _convert(src, tmp_path / "s.zarr", pack_seconds=0)
+    assert len([b for n, b in seen if n == 0 and b > 0]) >= 4  # before an item is done
+    values = [b for _, b in seen]
+    assert all(b > a or b == 0 for a, b in zip([0, *values], values))  # up, then back whole
+    assert values[-1] == 0
+
+
+def test_the_progress_bar_shows_what_workers_have_in_flight(tmp_path):
+    """The workers' count reaches the converting process's bar while their tasks run."""
+    from workers import in_flight_until_seen
+
+    tasks = importlib.import_module("zstore.convert._tasks")
+    flag = tmp_path / "seen"
+    shown = []
+
+    class Watched(tasks.Progress):
+        def set_in_flight(self, nbytes, refresh=True):
+            super().set_in_flight(nbytes, refresh)
+            shown.append(nbytes)
+            if nbytes >= 1000:
+                flag.touch()
+
+    items = [importlib.import_module("zstore.convert._source").SourceItem("a", {}, {}, 10)]
+    bar = Watched(1, "convert", False)
+    with tasks.local_pool(2) as pool:
+        done = tasks.run_batches(in_flight_until_seen, str(flag), items, 2, bar, pool=pool)
+    assert done == [1] and 1000 in shown and bar.in_flight == 0 and bar.bytes == 10
+
+
+def test_ctrl_c_ends_a_conversion_in_one_line(tmp_path):
+    """SIGINT to the process group (Ctrl-C) while one worker converts a long item and the
+    other waits for a task: one line, no worker's traceback; a rerun finishes the store."""
+    n = 16000 * 3000
+    src = tmp_path / "long.h5"
+    with h5py.File(src, "w") as f:
+        ds = f.create_dataset("rec/wav", shape=(2, n), dtype=np.float32)
+        for start in range(0, n, 1 << 22):
+            ds[:, start : start + (1 << 22)] = start % 1000
+    store = tmp_path / "s.zarr"
+    args = ["convert", str(src), str(store), "--rate", "wav=16000", "--workers", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zstore.cli", *args, "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=subprocess_env(),
+        start_new_session=True,
+    )
+    shards = store / "rec" / "wav" / "c" / "0"
+    wait_until(proc, lambda: shards.is_dir() and any(shards.iterdir()))  # a block written
+    assert proc.poll() is None, proc.communicate()[0]
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out
+    assert "zstore: interrupted" in out and "Traceback" not in out, out
+    again = subprocess.run(
+        [sys.executable, "-m", "zstore.cli", *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr
+    got = zarr.open_group(str(store), mode="r")["rec/wav"]
+    assert got[1, n - 5 :].tolist() == [(n - 1) // (1 << 22) * (1 << 22) % 1000] * 5

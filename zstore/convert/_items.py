@@ -19,7 +19,7 @@ from zstore.convert._copies import ArrayDigest, checked_digest, item_digest
 from zstore.convert._fields import source_dataset
 from zstore.convert._filters import read_failure
 from zstore.convert._source import SourceItem, SourcePlan, open_source
-from zstore.convert._tasks import Progress, run_batches
+from zstore.convert._tasks import Progress, in_flight, run_batches
 from zstore.convert._values import Tally, prepared, stored_values
 from zstore.errors import SourceError, StoreFormatError
 from zstore.format import (
@@ -119,7 +119,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
     tally = Tally()
     for item, src_group in source_groups(items):
         objects: dict[str, bytes] = {}
-        written = 0  # bytes of the objects of arrays written in blocks
+        written = streamed = 0  # object and source bytes of arrays written in blocks
         by_zarr = []
         values: dict[str, np.ndarray] = {}  # as stored, before any rounding: the checksum
         parts: dict[str, ArrayDigest] = {}  # the same, of arrays written in blocks
@@ -155,6 +155,8 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                 parts.setdefault(name, ArrayDigest(name, shape, axis)).add(cast, block.start)
                 writer.put({prefix + key: blob for key, blob in encoded.items()}, atomic=False)
                 written += sum(len(blob) for blob in encoded.values())
+                in_flight(raw.nbytes)  # the bar moves within a long item
+                streamed += raw.nbytes
                 del raw, cast, data, encoded  # before the next block is read
         writer.put(objects, atomic=False)  # the completion mark, written last, vouches
         if by_zarr:
@@ -171,6 +173,8 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
         mark = group_meta({**attrs, DONE_ATTR: job.mark(item.source), DIGEST_ATTR: digest})
         writer.put({f"{item.name}/zarr.json": mark})
         tally.items += 1
+        if streamed:
+            in_flight(-streamed)  # counted whole with the item's batch now
         tally.stored_bytes += (
             store_bytes(f"{job.dst.rstrip('/')}/{item.name}", job.storage_options)
             if by_zarr
@@ -253,12 +257,16 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
     root: Any = None
     problems = []
     for item, src_group in source_groups(items):
+        checked = 0  # source bytes of arrays compared in blocks, for the bar
         for name in item.shapes:
             ds = source_dataset(src_group, item.fields, name)
             shape, itemsize = tuple(ds.shape), np.dtype(item.dtypes[name]).itemsize
             where = f"{item.name}/{name}"
             for block in blocks(ds, shape, job.arrays[name], job.chunk_seconds, itemsize):
                 source = read_array(src_group, item, name, ds, block.select)
+                if block is not WHOLE:
+                    in_flight(source.nbytes)
+                    checked += source.nbytes
                 expected = stored_values(job.arrays[name], source)
                 if handles(job.codec, expected.dtype, expected.shape):
                     found = _compare_objects(job, writer, where, name, expected, shape, block)
@@ -279,6 +287,8 @@ def _verify_items(job: Job, items: list[SourceItem]) -> list[str]:
                     problems.append(f"{where}: cannot be read back ({e})")
                     continue
                 problems += compare_values(job, where, name, got, source, expected)
+        if checked:
+            in_flight(-checked)
     return problems
 
 

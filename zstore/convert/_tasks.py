@@ -12,12 +12,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from zstore.convert._source import SourceItem
 from zstore.errors import ZstoreError
+from zstore.units import format_size
 
 #: what a conversion whose worker process died says (the pool gives no reason)
 WORKER_DIED = (
@@ -28,6 +29,57 @@ WORKER_DIED = (
     "'if __name__ == \"__main__\":' (Python's own message above, from each worker, says "
     "so). What was written is kept: once that is mended, the same call goes on from there"
 )
+
+
+#: In a worker (or the converting process itself, with one worker): where the source
+#: bytes of items written in blocks (long recordings, :mod:`zstore.convert._blocks`) go
+#: as each block is written, so the progress bar moves within an item that takes
+#: minutes.  None where nothing listens (a Dask worker).
+_in_flight: Callable[[int], None] | None = None
+#: how often the converting process looks at its workers' bytes in flight (s)
+POLL_SECONDS = 0.5
+
+
+def in_flight(nbytes: int) -> None:
+    """Say that ``nbytes`` more source bytes of an unfinished item were written (its
+    writer takes them back, negative, once the item is done and counted whole)."""
+    if _in_flight is not None:
+        _in_flight(nbytes)
+
+
+class Pool(cf.ProcessPoolExecutor):
+    """The local worker processes, with the count of source bytes their unfinished
+    items have written (:func:`in_flight`)."""
+
+    def __init__(self, workers: int) -> None:
+        ctx = mp.get_context("spawn")  # HDF5 handles do not survive fork
+        self.written = ctx.Value("q", 0)
+        super().__init__(
+            max_workers=workers,
+            mp_context=ctx,
+            initializer=_start_worker,
+            initargs=(os.getpid(), self.written),
+        )
+
+
+def _start_worker(parent: int, written: Any) -> None:
+    """Worker initializer: :func:`die_with_parent`, and count bytes in flight into the
+    pool's shared ``written``."""
+    global _in_flight
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, _interrupted)
+
+    def add(nbytes: int) -> None:
+        with written.get_lock():
+            written.value += nbytes
+
+    _in_flight = add
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    """Ctrl-C reaches the whole process group: a worker ends quietly (the converter
+    says "interrupted"), where an idle one printed Python's traceback of its wait."""
+    raise SystemExit(130)
 
 
 def die_with_parent(parent: int) -> None:
@@ -74,10 +126,7 @@ def local_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
     if workers <= 1:
         yield None
         return
-    ctx = mp.get_context("spawn")  # HDF5 handles do not survive fork
-    with cf.ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)
-    ) as pool:
+    with Pool(workers) as pool:
         for _ in range(workers):
             pool.submit(int)  # a process starts per task while none is idle
         yield pool
@@ -105,40 +154,68 @@ def run_batches(
         tasks = batches(items, workers)
     results: list[Any] = []
     if workers <= 1 and pool is None:
-        for batch in tasks:
-            results += fn(job, batch)
-            bar.update(len(batch), sum(it.nbytes for it in batch))
+        global _in_flight
+        _in_flight = bar.add_in_flight
+        try:
+            for batch in tasks:
+                results += fn(job, batch)
+                bar.update(len(batch), sum(it.nbytes for it in batch))
+        finally:
+            _in_flight = None
         return results
     with contextlib.ExitStack() as stack:
         if pool is None:
             pool = stack.enter_context(local_pool(workers))
         assert pool is not None
+        written = getattr(pool, "written", None)
         try:
             futures = {pool.submit(fn, job, batch): batch for batch in tasks}
-            for fut in cf.as_completed(futures):
-                results += fut.result()
-                batch = futures[fut]
-                bar.update(len(batch), sum(it.nbytes for it in batch))
+            pending = set(futures)
+            while pending:
+                done, pending = cf.wait(pending, POLL_SECONDS, cf.FIRST_COMPLETED)
+                if written is not None:  # a finished item's blocks are taken back by now
+                    bar.set_in_flight(written.value, refresh=not done)
+                for fut in done:
+                    results += fut.result()
+                    batch = futures[fut]
+                    bar.update(len(batch), sum(it.nbytes for it in batch))
         except cf.BrokenExecutor as e:
             raise ZstoreError(WORKER_DIED) from e
     return results
 
 
 class Progress:
-    """A progress bar of items with the source MB/s."""
+    """A progress bar of items with the source MB/s, which counts the bytes written of
+    items still being written (long recordings, written in blocks) too."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, desc=desc, unit="item", disable=not enabled)
-        self.bytes = 0
+        self.bytes = 0  # of finished items
+        self.in_flight = 0  # written of unfinished ones
         self.t0 = time.perf_counter()
+
+    def _postfix(self, refresh: bool) -> None:
+        done = self.bytes + self.in_flight
+        rate = done / max(1e-9, time.perf_counter() - self.t0) / 1e6
+        self.bar.set_postfix_str(f"{format_size(done)}, {rate:.0f} MB/s", refresh=refresh)
 
     def update(self, n: int, nbytes: int) -> None:
         self.bytes += nbytes
-        rate = self.bytes / max(1e-9, time.perf_counter() - self.t0) / 1e6
-        self.bar.set_postfix_str(f"{rate:.0f} MB/s", refresh=False)
+        self._postfix(refresh=False)
         self.bar.update(n)
+
+    def add_in_flight(self, nbytes: int) -> None:
+        """Bytes written of an unfinished item (this process writes it)."""
+        self.set_in_flight(self.in_flight + nbytes)
+
+    def set_in_flight(self, nbytes: int, refresh: bool = True) -> None:
+        """Bytes written of the unfinished items (the workers' count); ``refresh``: show
+        it now (else with the next update)."""
+        if nbytes != self.in_flight:
+            self.in_flight = nbytes
+            self._postfix(refresh)
 
     def close(self) -> None:
         self.bar.close()

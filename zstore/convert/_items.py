@@ -169,7 +169,7 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
             _write_by_zarr(job, root, src_group, item, by_zarr, tally, values)
         digest = tally.digests[item.name] = item_digest(values, parts)
         attrs = hdf5_attrs(src_group)
-        attrs.update(text_attrs(src_group, item.texts, attrs))
+        attrs.update(text_attrs(src_group.id, item.texts, attrs))
         mark = group_meta({**attrs, DONE_ATTR: job.mark(item.source), DIGEST_ATTR: digest})
         writer.put({f"{item.name}/zarr.json": mark})
         tally.items += 1

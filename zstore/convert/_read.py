@@ -124,7 +124,7 @@ def _read_item(
         else:
             group_attrs = {}
         if item.texts:  # string datasets: attributes of the item
-            group_attrs.update(text_attrs(f[item.group], item.texts, group_attrs))
+            group_attrs.update(text_attrs(f.id, item.texts, group_attrs, f"{item.group}/"))
         if group_attrs:
             attrs["attrs"] = group_attrs
     except (OSError, RuntimeError, KeyError) as e:

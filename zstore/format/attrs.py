@@ -38,13 +38,24 @@ def hdf5_attrs(obj: Any) -> dict[str, Any]:
     return _strict(obj.attrs.items(), obj.file)
 
 
-def text_attrs(group: Any, names: Sequence[str], attrs: dict[str, Any]) -> dict[str, Any]:
-    """String datasets ``names`` of an h5py ``group`` (a transcript; a list of words) as
-    attributes: a text, or a list of texts.  A name the group's attributes ``attrs``
-    have already is left to the attribute."""
-    return {
-        name: _value(group[name][()], group.file, [False]) for name in names if name not in attrs
-    }
+def text_attrs(
+    loc: Any, names: Sequence[str], attrs: dict[str, Any], under: str = ""
+) -> dict[str, Any]:
+    """String datasets ``names`` of a group as attributes: a text, or a list of texts.
+    ``loc``: the low-level h5py id of the group, or of the file with ``under`` the
+    group's path and a slash.  A name the group's attributes ``attrs`` have already is
+    left to the attribute.  Read through h5py's low-level API (~30 us a dataset against
+    ~120 us through ``group[name][()]``: on short items, half their conversion)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        if name in attrs:
+            continue
+        did = h5py.h5d.open(loc, f"{under}{name}".encode("utf-8", "surrogateescape"))
+        data = np.empty(did.shape, dtype=did.dtype)  # object (variable length) or bytes
+        if data.size:
+            did.read(h5py.h5s.ALL, h5py.h5s.ALL, data)
+        out[name] = _value(data[()] if data.ndim == 0 else data, None, [False])
+    return out
 
 
 def _strict(values: Any, file: Any) -> dict[str, Any]:

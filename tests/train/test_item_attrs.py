@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 from conftest import write_h5
 
 import zstore
@@ -96,3 +97,46 @@ def test_item_attrs_beside_a_loaders_batches(tmp_path, cache):
             assert _same(ds.item_attrs(name), _expected(attrs[name]))
             seen.add(name)
     assert seen == set(attrs)
+
+
+def test_attrs_come_with_each_window_and_batch(tmp_path, cache):
+    """``attrs=`` adds item attributes to each window, and to a WindowLoader batch
+    collated as torch's DataLoader collates them: the same batch from either."""
+    attrs = _corpus(tmp_path / "c.h5")
+    store = str(tmp_path / "c.zarr")
+    zstore.convert(str(tmp_path / "c.h5"), store, rates={"wav": 16000}, workers=1, progress=False)
+    ds = zstore.WindowDataset(
+        store, window_seconds=1.0, attrs=["speaker", "gain_db", "text"], cache=cache
+    )
+    for i in range(len(ds)):
+        w = ds[i]
+        want = attrs[w["item"]]
+        assert (w["speaker"], w["gain_db"], w["text"]) == (
+            want["speaker"],
+            want["gain_db"],
+            want["text"],
+        )
+    ours = next(iter(zstore.WindowLoader(ds, batch_size=5)))
+    torch_batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=5)))
+    assert ours["item"] == torch_batch["item"]
+    for key in ("speaker", "text"):
+        assert ours[key] == torch_batch[key] == [attrs[n][key] for n in ours["item"]]
+    assert ours["gain_db"].dtype == torch_batch["gain_db"].dtype == torch.float64
+    assert ours["gain_db"].tolist() == [attrs[n]["gain_db"] for n in ours["item"]]
+    copy = pickle.loads(pickle.dumps(ds))  # as a DataLoader worker gets it
+    assert copy[3]["speaker"] == ds[3]["speaker"]
+
+
+def test_attrs_an_item_lacks_or_that_would_replace_a_key(tmp_path):
+    _corpus(tmp_path / "c.h5")
+    store = str(tmp_path / "c.zarr")
+    zstore.convert(str(tmp_path / "c.h5"), store, rates={"wav": 16000}, workers=1, progress=False)
+    ds = zstore.WindowDataset(store, window_seconds=1.0, attrs=["accent"], cache=False)
+    first = ds.locate(0)[0]
+    with pytest.raises(KeyError, match=f"item '{first}' has no attribute 'accent'.*'speaker'"):
+        ds[0]
+    with pytest.raises(zstore.LoaderError, match="no attribute 'accent'"):
+        next(iter(zstore.WindowLoader(ds, batch_size=2)))
+    for taken in ("wav", "item", "length"):
+        with pytest.raises(zstore.ConfigError, match=f"attrs \\['{taken}'\\] would replace"):
+            zstore.WindowDataset(store, window_seconds=1.0, attrs=[taken], cache=False)

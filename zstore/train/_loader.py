@@ -207,6 +207,14 @@ class WindowLoader:
         batch["item"] = [item for item, _, _, _ in located]
         batch["start"] = torch.tensor([start for _, _, start, _ in located], dtype=torch.float64)
         batch["length"] = torch.tensor([length for _, _, _, length in located], dtype=torch.int64)
+        if ds.attrs:  # collated as torch's DataLoader does: the same batch either way
+            from torch.utils.data import default_collate
+
+            try:
+                values = [ds.attrs_of(p[4]) for p in placed]
+                batch.update({k: default_collate([v[k] for v in values]) for k in ds.attrs})
+            except Exception as e:
+                raise self._error(located, indices, e) from e
         batch["_buffers"] = buffers
         return batch
 

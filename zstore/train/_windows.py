@@ -5,6 +5,7 @@ attributes (:class:`WindowPlacement`)."""
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,6 +15,10 @@ from zstore.train._window_draw import Window, window_for
 
 if TYPE_CHECKING:
     from zstore.read import WindowReader
+
+
+#: items whose ``attrs`` a process keeps (a few hundred bytes each)
+ATTR_CACHE = 4096
 
 
 class WindowPlacement:
@@ -36,6 +41,8 @@ class WindowPlacement:
         _field_lengths: dict[str, Any]
         _warned_epoch: bool
         _plain_seen: tuple[int, bytearray] | None
+        attrs: list[str]
+        _attr_cache: OrderedDict[int, dict[str, Any]]
 
         def __len__(self) -> int: ...
 
@@ -81,6 +88,27 @@ class WindowPlacement:
         else:
             position = self._item_at(key[1] if isinstance(key, tuple) else key)[0]
         return self.reader.item_attrs(position)
+
+    def attrs_of(self, position: int) -> dict[str, Any]:
+        """The attributes named by ``attrs`` of the item at ``position`` in the store's
+        manifest (kept for the last :data:`ATTR_CACHE` items this process read: an
+        item's attributes never change under a store's one version)."""
+        cache: OrderedDict[int, dict[str, Any]] | None = getattr(self, "_attr_cache", None)
+        if cache is None:
+            cache = self._attr_cache = OrderedDict()
+        found = cache.get(position)
+        if found is None:
+            have = self.reader.item_attrs(position)
+            lacking = [k for k in self.attrs if k not in have]
+            if lacking:
+                raise KeyError(
+                    f"{self.url}: item {self._items[position]!r} has no attribute "
+                    f"{lacking[0]!r} (attrs=); it has {sorted(have) or 'none'}"
+                )
+            found = cache[position] = {k: have[k] for k in self.attrs}
+            if len(cache) > ATTR_CACHE:
+                cache.popitem(last=False)
+        return found
 
     def _note_plain(self, i: int) -> None:
         """In a DataLoader worker, say once if a plain index comes twice in one epoch:

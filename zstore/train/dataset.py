@@ -67,6 +67,10 @@ class WindowDataset(DatasetSetup, WindowPlacement, torch.utils.data.Dataset):
             list or tuple, as HDF5 loaders keep their subsets: a pickle runs code when
             loaded, so pass only your own); or a callable ``(name, attrs) -> bool``
             given each item's HDF5 attributes.  Default: every item.
+        attrs: names of item attributes (:meth:`item_attrs`: a speaker, a transcript)
+            to add to each window's dict and, collated as torch's DataLoader would,
+            to each :class:`zstore.WindowLoader` batch; an item that lacks one is an
+            error naming it.
 
     ``ds[i]`` is a dict: one tensor per field (all cut at the same time span,
     the start on the coarsest field's grid), ``"item"`` (name), ``"start"``
@@ -93,9 +97,11 @@ class WindowDataset(DatasetSetup, WindowPlacement, torch.utils.data.Dataset):
         | os.PathLike[str]
         | Callable[[str, dict[str, Any]], bool]
         | None = None,
+        attrs: Sequence[str] | None = None,
     ):
         self.url = str(url)
         self.fields = list(fields) if fields is not None else None
+        self.attrs = [attrs] if isinstance(attrs, str) else list(attrs or [])
         self.window_seconds = _check_window(window_seconds)
         self.seed = _whole("seed", seed)
         self.epoch = 0
@@ -122,6 +128,12 @@ class WindowDataset(DatasetSetup, WindowPlacement, torch.utils.data.Dataset):
         if items is not None:
             self._selected = select_items(self.reader.open(), items, self.url)
         self._setup()
+        taken = {*self._names, "item", "start", "length"} & set(self.attrs)
+        if taken:
+            raise ConfigError(
+                f"{self.url}: attrs {sorted(taken)} would replace the window's own keys "
+                "(its fields, item, start, length); read them with item_attrs instead"
+            )
         if len(self._empty):
             warnings.warn(
                 f"{self.url}: {len(self._empty)} item(s) hold no samples and are left out, "
@@ -143,7 +155,15 @@ class WindowDataset(DatasetSetup, WindowPlacement, torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lengths", "_items", "_index", "_short", "_field_lengths", "_plain_seen"):
+        for key in (
+            "_lengths",
+            "_items",
+            "_index",
+            "_short",
+            "_field_lengths",
+            "_plain_seen",
+            "_attr_cache",
+        ):
             state.pop(key, None)  # rebuilt from the manifest in the new process
         return state
 
@@ -183,4 +203,6 @@ class WindowDataset(DatasetSetup, WindowPlacement, torch.utils.data.Dataset):
         out["item"] = name
         out["start"] = w.start / coarse_rate
         out["length"] = w.take
+        if self.attrs:
+            out.update(self.attrs_of(w.item))
         return self.transform(out) if self.transform is not None else out

@@ -140,3 +140,18 @@ def test_attrs_an_item_lacks_or_that_would_replace_a_key(tmp_path):
     for taken in ("wav", "item", "length"):
         with pytest.raises(zstore.ConfigError, match=f"attrs \\['{taken}'\\] would replace"):
             zstore.WindowDataset(store, window_seconds=1.0, attrs=[taken], cache=False)
+
+
+def test_a_transform_that_changes_an_attribute_changes_no_later_window(tmp_path):
+    _corpus(tmp_path / "c.h5")
+    store = str(tmp_path / "c.zarr")
+    zstore.convert(str(tmp_path / "c.h5"), store, rates={"wav": 16000}, workers=1, progress=False)
+
+    def grow(w):
+        w["channels"].append(99)  # in place
+        return w
+
+    ds = zstore.WindowDataset(
+        store, window_seconds=1.0, attrs=["channels"], transform=grow, cache=False
+    )
+    assert ds[0]["channels"] == ds[0]["channels"] == [*range(len(ds[0]["channels"]) - 1), 99]

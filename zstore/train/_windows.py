@@ -4,6 +4,7 @@ attributes (:class:`WindowPlacement`)."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,8 @@ class WindowPlacement:
             found = cache[position] = {k: have[k] for k in self.attrs}
             if len(cache) > ATTR_CACHE:
                 cache.popitem(last=False)
-        return found
+        # a list is copied: a transform that changes one in place changes no later window
+        return {k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v for k, v in found.items()}
 
     def _note_plain(self, i: int) -> None:
         """In a DataLoader worker, say once if a plain index comes twice in one epoch:

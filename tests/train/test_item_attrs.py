@@ -155,3 +155,16 @@ def test_a_transform_that_changes_an_attribute_changes_no_later_window(tmp_path)
         store, window_seconds=1.0, attrs=["channels"], transform=grow, cache=False
     )
     assert ds[0]["channels"] == ds[0]["channels"] == [*range(len(ds[0]["channels"]) - 1), 99]
+
+
+def test_whole_utterances_with_their_transcripts(tmp_path):
+    """ASR on whole utterances: ``window_seconds=None``, ``attrs=["text"]`` and
+    ``collate_pad`` give padded audio, its lengths and the transcripts, in one batch."""
+    attrs = _corpus(tmp_path / "c.h5")
+    store = str(tmp_path / "c.zarr")
+    zstore.convert(str(tmp_path / "c.h5"), store, rates={"wav": 16000}, workers=1, progress=False)
+    ds = zstore.WindowDataset(store, window_seconds=None, attrs=["text"], cache=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=zstore.collate_pad)
+    batch = next(iter(loader))
+    assert batch["text"] == [attrs[n]["text"] for n in batch["item"]]
+    assert batch["wav_length"].tolist() == [ds[i]["wav"].shape[-1] for i in range(5)]

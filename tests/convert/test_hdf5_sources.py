@@ -1209,3 +1209,80 @@ def test_transcripts_of_appended_items_are_their_attributes(tmp_path, pack_secon
         "more_0": ["more", "words 0"],
         "more_1": ["more", "words 1"],
     }
+
+
+def _recording_file(path, seconds: float, speaker: str, sr: int = 16000) -> dict:
+    """One recording per file, written as many scripts do: its datasets at the root."""
+    rng = np.random.default_rng(len(str(path)) + int(seconds * 10))
+    values = {
+        "wav": rng.integers(-3000, 3000, (2, int(16000 * seconds))).astype(np.float32),
+        "act": (rng.random((2, int(100 * seconds))) > 0.5).astype(np.float32),
+    }
+    with h5py.File(path, "w") as f:
+        for name, data in values.items():
+            f[name] = data
+        f["text"] = f"said by {speaker}"
+        f.attrs["speaker"] = speaker
+        f.attrs["sr"] = sr
+    return values
+
+
+@pytest.mark.parametrize("pack_seconds", [10.0, 0.0])
+def test_files_of_one_recording_each_with_datasets_at_their_root(tmp_path, pack_seconds):
+    """A file whose datasets all lie at its root is one item, named by the file's stem,
+    with the root's attributes and strings; such files were refused ("holds no groups
+    with numeric datasets")."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    want = {
+        f"utt{i}": _recording_file(corpus / f"utt{i}.h5", seconds, f"spk{i}")
+        for i, seconds in enumerate([2.0, 3.5, 30.0])
+    }
+    store = tmp_path / "s.zarr"
+    options = {"rates": {"wav": 16000}, "workers": 2, "progress": False}
+    report = zstore.convert(str(corpus), store, pack_seconds=pack_seconds, verify=True, **options)
+    assert report.items == 3 and not report.skipped
+    want["late"] = _recording_file(tmp_path / "late.h5", 1.5, "spk9")
+    zstore.append(str(tmp_path / "late.h5"), store, **options)
+    ds = zstore.WindowDataset(store, window_seconds=None, attrs=["speaker", "text"], cache=False)
+    assert sorted(ds[i]["item"] for i in range(len(ds))) == sorted(want)
+    for i in range(len(ds)):
+        w = ds[i]
+        for name, values in want[w["item"]].items():
+            np.testing.assert_array_equal(w[name].numpy(), values)
+        speaker = "spk9" if w["item"] == "late" else f"spk{w['item'][3:]}"
+        assert (w["speaker"], w["text"]) == (speaker, f"said by {speaker}")
+    single = tmp_path / "single.zarr"  # one such file alone: its item named by its stem
+    zstore.convert(str(corpus / "utt1.h5"), single, **options)
+    assert zstore.WindowDataset(single, window_seconds=None, cache=False)[0]["item"] == "utt1"
+
+
+def test_a_whole_file_item_stating_another_rate_is_refused(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _recording_file(corpus / "a.h5", 2.0, "spk0")
+    _recording_file(corpus / "b.h5", 2.0, "spk1", sr=8000)
+    with pytest.raises(zstore.SourceError, match="sr=8000"):
+        zstore.convert(str(corpus), tmp_path / "s.zarr", rates={"wav": 16000}, progress=False)
+
+
+def test_datasets_at_the_root_beside_groups_of_recordings_are_left_out(tmp_path):
+    src = speech(tmp_path / "mixed.h5", [1.0, 2.0])
+    with h5py.File(src, "a") as f:
+        f["sample_rate"] = 16000
+    with pytest.warns(UserWarning, match="sample_rate: dataset at the file's root"):
+        report = zstore.convert(
+            src, tmp_path / "s.zarr", rates={"wav": 16000}, workers=1, progress=False
+        )
+    assert report.items == 2
+
+
+def test_a_file_of_one_dataset_per_utterance_is_not_taken_for_one_recording(tmp_path):
+    """Datasets at the root named as utterances (``f[utt_id] = audio``) are no one
+    recording's arrays: without --dataset-items the file is refused as before, and the
+    error names both readings."""
+    with h5py.File(tmp_path / "flat.h5", "w") as f:
+        for i in range(3):
+            f[f"utt{i}"] = np.zeros((1, 16000), np.float32)
+    with pytest.raises(zstore.SourceError, match="--dataset-items wav.*--rate utt0=16000"):
+        zstore.convert(tmp_path / "flat.h5", tmp_path / "s.zarr", rates={"wav": 16000})

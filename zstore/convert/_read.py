@@ -124,7 +124,8 @@ def _read_item(
         else:
             group_attrs = {}
         if item.texts:  # string datasets: attributes of the item
-            group_attrs.update(text_attrs(f.id, item.texts, group_attrs, f"{item.group}/"))
+            under = f"{item.group}/".lstrip("/")  # a whole file's item: its root
+            group_attrs.update(text_attrs(f.id, item.texts, group_attrs, under))
         if group_attrs:
             attrs["attrs"] = group_attrs
     except (OSError, RuntimeError, KeyError) as e:

@@ -23,9 +23,11 @@ from zstore.convert._fields import SEPARATOR, numeric_fields
 from zstore.convert._source import (
     MAX_TEXT_VALUES,
     NUMERIC_KINDS,
+    ROOT,
     SourceItem,
     identity_of,
     is_text,
+    item_name,
     open_source,
 )
 from zstore.convert._subgroups import merge_subgroups, nested_items
@@ -59,24 +61,26 @@ def scan_all(
     pool: Any = None,
     dataset_items: str | None = None,
     subgroups: str = "items",
+    rated: frozenset[str] = frozenset(),
 ) -> tuple[list[SourceItem], list[str]]:
-    """The items of every file; with several, named ``<file stem>/<group path>``."""
+    """The items of every file; with several, named ``<file stem>/<group path>``.
+    ``rated``: the arrays given a rate (see :func:`scan`)."""
     from zstore.convert._corpus import stems
 
     if len(files) == 1:
-        return scan(files[0], pool, dataset_items, subgroups)
+        return scan(files[0], pool, dataset_items, subgroups, rated)
     prefix = stems(files)
     items: list[SourceItem] = []
     skipped: list[str] = []
     failed: list[str] = []  # every file that cannot be converted, named in one error
     for f in files:
         try:
-            found, left = scan(f, pool, dataset_items, subgroups)
+            found, left = scan(f, pool, dataset_items, subgroups, rated)
         except SourceError as e:
             failed.append(str(e))
             continue
         for it in found:
-            it.name = f"{prefix[f]}/{it.group}"
+            it.name = item_name(it.group, f, prefix[f])
         items += found
         skipped += [f"{prefix[f]}:{s}" for s in left]
     if failed:
@@ -95,9 +99,14 @@ def scan(
     pool: cf.Executor | None = None,
     dataset_items: str | None = None,
     subgroups: str = "items",
+    rated: frozenset[str] = frozenset(),
 ) -> tuple[list[SourceItem], list[str]]:
     """List the items of ``src`` and what is left out, with why: non-numeric datasets,
     external and dangling links, and groups reached under a second name (aliases).
+    A file whose datasets all lie at its root, one of them an array of ``rated`` (the
+    arrays given a rate: ``wav``), is one recording, its item named by the file's stem;
+    datasets at the root named otherwise (utterance ids: a file of one dataset per
+    recording) are not taken for one recording's arrays.
     With ``dataset_items`` (an array name), every numeric dataset is an item of its own
     holding one array of that name (a file of one dataset per recording).
     ``subgroups``: whether groups inside an item's group are items of their own
@@ -143,10 +152,13 @@ def scan(
     split: dict[str, dict[str, tuple[str, str]]] = {}  # group -> its compound fields
     texts: dict[str, list[tuple[str, np.dtype]]] = {}  # group -> its string datasets
     paths = {full for full, _, _ in found}
+    # a file whose datasets all lie at its root (one recording per file, written as
+    # f["wav"] = ...) is one item, its root the item's group
+    whole_file = all("/" not in full for full in paths) and bool(rated & paths)
     for full, shape, dtype in found:
         group, _, key = full.rpartition("/")
         fields = numeric_fields(dtype)
-        if not group:
+        if not group and not whole_file:
             skipped.append(f"/{key}: dataset at the file's root, not in a group")
         elif fields is not None:  # a table of records: one array per field
             names = [f"{key}{SEPARATOR}{field}" for field, _ in fields]
@@ -183,17 +195,20 @@ def scan(
         merge_subgroups(groups, split, skipped)
     for name, arrays in groups.items():
         arrays.sort(key=lambda a: a[0])
-        where = {k: direct.get(f"{name}/{k}") for k, _, _ in arrays}
+        where = {k: direct.get(f"{name}/{k}" if name else k) for k, _, _ in arrays}
+        group = name or ROOT
         items.append(
             SourceItem(
-                name,
+                item_name(group, path),
                 {k: s for k, s, _ in arrays},
                 {k: d for k, _, d in arrays},
                 sum(math.prod(s) * d.itemsize for _, s, d in arrays),
                 path,
-                name,
+                group,
                 {k: o for k, o in where.items() if o is not None},
-                {
+                None  # the root's own attributes are not counted by the visit
+                if not name
+                else {
                     k: attrs[at]
                     for k in ("", *(a[0] for a in arrays))
                     if (at := f"{name}/{k}".rstrip("/")) in attrs
@@ -210,12 +225,15 @@ def scan(
                 for key, dtype in kept
             ]
     if not items:
-        at_root = sum(1 for full, _, d in found if "/" not in full and d.kind in NUMERIC_KINDS)
+        root = sorted(full for full, _, d in found if "/" not in full and d.kind in NUMERIC_KINDS)
+        at_root, first_root = len(root), root[0] if root else "wav"
         raise SourceError(
             f"{path}: holds no groups with numeric datasets; nothing to convert"
             + (
                 f" (its {at_root} numeric dataset(s) are at the file's root: for a file of "
-                "one dataset per recording give --dataset-items wav, naming the array)"
+                "one dataset per recording give --dataset-items wav, naming the array; for "
+                "a file of one recording, its arrays at the root, give its audio's rate: "
+                f"--rate {first_root}=16000)"
                 if at_root
                 else ""
             )
@@ -256,8 +274,8 @@ def _depending(
     for full, files_of in others.items():
         # the item is the dataset itself (--dataset-items) or a group above it
         parts = full.split("/")
-        for depth in range(len(parts), 0, -1):
-            it = by_group.get("/".join(parts[:depth]))
+        for depth in range(len(parts), -1, -1):  # depth 0: a whole file's item
+            it = by_group.get("/".join(parts[:depth]) if depth else ROOT)
             if it is not None:
                 it.depends.update(files.identities(files_of))
                 break

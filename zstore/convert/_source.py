@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h5py
@@ -66,6 +67,20 @@ class SourcePlan:
     skipped: list[str] = field(default_factory=list)  # "item/array: why"
     #: those of ``skipped`` left out as asked (``--include``/``--exclude``): not warned of
     chosen: list[str] = field(default_factory=list)
+
+
+#: the group path of an item that is a whole file: one recording per file, its
+#: datasets at the file's root
+ROOT = "/"
+
+
+def item_name(group: str, source: str, prefix: str | None = None) -> str:
+    """An item's name in the store: its group's path (``<prefix>/<path>`` in a store
+    made from several files, ``prefix`` being the file's stem); a file whose datasets
+    lie at its root is the item, named by the file's stem (or ``prefix``)."""
+    if group == ROOT:
+        return prefix if prefix is not None else Path(source.rstrip("/")).stem
+    return f"{prefix}/{group}" if prefix is not None else group
 
 
 #: the most strings a string dataset may hold to be kept as an attribute of its item
@@ -280,7 +295,7 @@ def plan(
     from zstore.convert._select import select
     from zstore.convert._skipped import summarize
 
-    items, left = scan_all(files, pool, dataset_items, subgroups)
+    items, left = scan_all(files, pool, dataset_items, subgroups, frozenset(rates or {}))
     items, unselected = select(items, include, exclude, path)
     skipped = summarize(left) + unselected  # one line per kind of thing left out
     if casts:

@@ -37,7 +37,7 @@ from zstore.convert._new_arrays import planned_axes, planned_rates, with_new_arr
 from zstore.convert._packing import PackPlan, plan_packs, verify_store, write_all
 from zstore.convert._report import ConvertReport, text_counts
 from zstore.convert._skipped import extend
-from zstore.convert._source import SourcePlan, check_unchanged, plan
+from zstore.convert._source import SourcePlan, check_unchanged, item_name, plan
 from zstore.convert._space import destination_space
 from zstore.convert._storelock import remove_stale_partials, store_lock
 from zstore.convert._tasks import cluster_client
@@ -450,7 +450,7 @@ def _plan_new(
     )
     prefix = stems(files) if made_from > 1 else None
     for it in source.items:
-        it.name = f"{prefix[it.source]}/{it.group}" if prefix else it.group
+        it.name = item_name(it.group, it.source, prefix[it.source] if prefix else None)
     arrays = with_new_arrays(manifest, source, dst, given.names(), given.precision)
     _check_same_form(source, manifest, dst)
     for name, info in source.arrays.items():

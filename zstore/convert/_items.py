@@ -147,14 +147,15 @@ def _write_items(job: Job, items: list[SourceItem]) -> list[Tally]:
                 cast = cast_values(info.dtype, raw, f"item '{item.name}'")
                 data = prepared(info, raw, counts, item.name, cast)
                 encoded = encode_array(data, chunks, shards, job.codec, axis, block.first)
-                counts.stored_bytes += sum(len(blob) for blob in encoded.values())
+                size = sum(len(blob) for blob in encoded.values())
+                counts.stored_bytes += size
                 if block is WHOLE:
                     values[name] = cast
                     objects.update((prefix + key, blob) for key, blob in encoded.items())
                     continue
                 parts.setdefault(name, ArrayDigest(name, shape, axis)).add(cast, block.start)
                 writer.put({prefix + key: blob for key, blob in encoded.items()}, atomic=False)
-                written += sum(len(blob) for blob in encoded.values())
+                written += size
                 in_flight(raw.nbytes)  # the bar moves within a long item
                 streamed += raw.nbytes
                 del raw, cast, data, encoded  # before the next block is read
@@ -328,8 +329,7 @@ def _compare_objects(
     axis = -1 if info.time_axis is None else info.time_axis
     want = encode_array(data, chunks, shards, job.codec, axis, block.first)
     got = writer.read_many([f"{where}/{k}" for k in want])
-    meta = writer.read_many([f"{where}/zarr.json"])
-    if not meta:
+    if block.start == 0 and not writer.read_many([f"{where}/zarr.json"]):  # once an array
         return [f"{where}: cannot be read back (its zarr.json is missing)"]
     missing = [k for k in want if f"{where}/{k}" not in got]
     if missing:

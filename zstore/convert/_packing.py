@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from zstore.convert._casts import cast_values
 from zstore.convert._copies import checked_digest, item_digest
 from zstore.convert._items import Job, compare_values, verify_all, write_missing
 from zstore.convert._read import read_items
@@ -276,13 +275,8 @@ def encode_batch(
     whole: dict[str, list[tuple[int, np.ndarray]]] = {}  # arrays kept in the record
     slot = {it.name: k for k, it in enumerate(batch.items)}  # read in file order
     for item, raws, attrs in read_items(batch.items):
-        if not verify:
-            tally.digests[item.name] = item_digest(
-                {
-                    n: cast_values(job.arrays[n].dtype, v, f"item '{item.name}'")
-                    for n, v in raws.items()
-                }
-            )
+        if not verify:  # read_items cast the values already (--dtype)
+            tally.digests[item.name] = item_digest(raws)
         for name, raw in raws.items():
             if name not in buffers:
                 if verify:

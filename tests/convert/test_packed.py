@@ -842,3 +842,13 @@ def test_each_batch_record_is_read_once_per_process(tmp_path, monkeypatch, kept)
             assert int(x["label"]) == int(x["item"][1:])
     assert len(set(loads)) == 2
     assert len(loads) == (2 if kept is None else 4)  # in item order: each evicted once
+
+
+def test_a_corpus_all_packed_shows_one_progress_bar(tmp_path, capsys):
+    """Every item packed: the bar of the packed items, and no empty bar of unpacked ones."""
+    items, attrs = short_items(5, seed=3)
+    src = write_items(tmp_path / "all_short.h5", items, attrs)
+    zstore.convert(src, str(tmp_path / "s.zarr"), rates=RATES, workers=1, progress=True)
+    err = capsys.readouterr().err
+    assert "convert (packed)" in err and "5/5" in err
+    assert "convert:" not in err, err

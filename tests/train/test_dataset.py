@@ -289,7 +289,10 @@ def test_recordings_of_no_samples_are_not_padded(tmp_path, pack_seconds):
     src = write_h5(tmp_path / "a.h5", items)
     store = tmp_path / "a.zarr"
     zstore.convert(src, store, rates={"wav": 16000}, progress=False, pack_seconds=pack_seconds)
-    said = r"2 item\(s\) hold no samples and are left out, not padded: 'u1', 'u4'"
+    said = (
+        r"2 item\(s\) hold no samples \(not one step of 'wav' at 16000/s, the coarsest "
+        r"array read\) and are left out, not padded: 'u1', 'u4'"
+    )
     with pytest.warns(UserWarning, match=said):
         ds = zstore.WindowDataset(store, window_seconds=1.5, fields=["wav", "label"])
     assert {ds[i]["item"] for i in range(len(ds))} == {"u0", "u2", "u3"}  # u0 padded
@@ -303,3 +306,25 @@ def test_recordings_of_no_samples_are_not_padded(tmp_path, pack_seconds):
         zstore.WindowDataset(store, window_seconds=0.5, fields=["wav"], short="error")
     whole = zstore.WindowDataset(store, window_seconds=None, fields=["wav", "label"])
     assert {whole[i]["item"]: whole[i]["wav"].shape[1] for i in range(len(whole))}["u4"] == 0
+
+
+def test_a_recording_shorter_than_one_frame_is_named_with_its_frames(tmp_path):
+    """100 samples of audio and no frame of labels at 100/s: no samples on the grid the
+    windows are placed on, and the warning says which array's step that is."""
+    rng = np.random.default_rng(2)
+    items = {
+        f"u{i}": {
+            "wav": rng.standard_normal((1, 100 if i == 1 else 32000)).astype(np.float32),
+            "act": rng.random((2, 0 if i == 1 else 200)).astype(np.float32),
+        }
+        for i in range(3)
+    }
+    src = write_h5(tmp_path / "a.h5", items)
+    store = tmp_path / "a.zarr"
+    zstore.convert(src, store, rates={"wav": 16000, "act": 100}, progress=False)
+    said = r"1 item\(s\) hold no samples \(not one step of 'act' at 100/s.*: 'u1'"
+    with pytest.warns(UserWarning, match=said):
+        ds = zstore.WindowDataset(store, window_seconds=1.0)
+    assert sorted(ds[i]["item"] for i in range(len(ds))) == ["u0", "u2"]
+    audio = zstore.WindowDataset(store, window_seconds=0.001, fields=["wav"])
+    assert sorted(audio[i]["item"] for i in range(len(audio))) == ["u0", "u1", "u2"]

@@ -191,7 +191,8 @@ class Progress:
     def __init__(self, total: int, desc: str, enabled: bool):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, desc=desc, unit="item", disable=not enabled)
+        # no bar for no items (a corpus all packed has no unpacked ones to count)
+        self.bar = tqdm(total=total, desc=desc, unit="item", disable=not enabled or total == 0)
         self.bytes = 0  # of finished items
         self.in_flight = 0  # written of unfinished ones
         self.t0 = time.perf_counter()

@@ -135,9 +135,16 @@ class WindowDataset(DatasetSetup, WindowPlacement, torch.utils.data.Dataset):
                 "(its fields, item, start, length); read them with item_attrs instead"
             )
         if len(self._empty):
+            step = (
+                f" (not one step of '{self._coarse}' at {self._rates[self._coarse]:g}/s, "
+                "the coarsest array read)"
+                if self._coarse
+                else ""
+            )
             warnings.warn(
-                f"{self.url}: {len(self._empty)} item(s) hold no samples and are left out, "
-                f"not padded: {some_names([self._items[int(i)] for i in self._empty[:5]], len(self._empty))}",
+                f"{self.url}: {len(self._empty)} item(s) hold no samples{step} and are left "
+                "out, not padded: "
+                f"{some_names([self._items[int(i)] for i in self._empty[:5]], len(self._empty))}",
                 stacklevel=2,
             )
         if len(self._short) and short != "error":

@@ -267,3 +267,34 @@ def test_every_unreadable_source_named_at_once(tmp_path):
     assert "2 of 5 sources cannot be converted" in proc.stderr, proc.stderr
     assert "empty.h5: the file is empty" in proc.stderr and "cut.h5: cannot be read" in proc.stderr
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_directory_of_hdf5_files_named_otherwise_says_the_pattern(tmp_path):
+    """MATLAB's v7.3 files are HDF5 with a 512-byte user block, named *.mat: a directory
+    of them has no *.h5, and the error names them and the pattern that reads them."""
+    import h5py
+
+    mats = tmp_path / "mats"
+    (mats / "day1").mkdir(parents=True)
+    for i in range(3):
+        with h5py.File(mats / "day1" / f"rec{i}.mat", "w", userblock_size=512) as f:
+            f["acc"] = np.arange(3 * 2000, dtype="f8").reshape(3, 2000) + i
+    (mats / "notes.txt").write_text("not HDF5")
+    (mats / "old.mat").write_bytes(b"MATLAB 5.0 MAT-file" + bytes(200))  # v5: not HDF5
+    proc = zstore_cli("convert", str(mats), str(tmp_path / "s.zarr"), "--rate", "acc=1000")
+    assert proc.returncode == 2
+    pattern = f"{mats}/**/*.mat"
+    assert "no *.h5 or *.hdf5 file below it" in proc.stderr, proc.stderr
+    assert "3 *.mat: rec0.mat, rec1.mat, ..." in proc.stderr and pattern in proc.stderr
+    with pytest.raises(zstore.SourceError, match="old.mat"):  # the pattern takes it too
+        zstore.convert(pattern, tmp_path / "s.zarr", rates={"acc": 1000}, progress=False)
+    (mats / "old.mat").unlink()
+    report = zstore.convert(
+        pattern, tmp_path / "s.zarr", rates={"acc": 1000}, workers=1, progress=False
+    )
+    assert report.items == 3
+    # a directory of no HDF5 at all: the plain error
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("x")
+    proc = zstore_cli("convert", str(tmp_path / "text"), str(tmp_path / "t.zarr"))
+    assert proc.returncode == 2 and "named otherwise" not in proc.stderr, proc.stderr

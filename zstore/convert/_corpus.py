@@ -45,7 +45,10 @@ def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]
                 and p.is_file()
             )
             if not found:
-                raise SourceError(f"{src}: a directory with no *.h5 or *.hdf5 file below it")
+                raise SourceError(
+                    f"{src}: a directory with no *.h5 or *.hdf5 file below it"
+                    + _named_otherwise(src)
+                )
             out += found
         elif any(c in src for c in "*?["):
             found = sorted(glob.glob(src, recursive=True))
@@ -55,6 +58,49 @@ def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]
         else:
             out.append(src)
     return _once(list(dict.fromkeys(out)))  # each file once, first place kept
+
+
+#: HDF5's signature, at the start of the file or after a user block of 512 bytes times
+#: a power of two (MATLAB's v7.3 files have one of 512)
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+SIGNATURE_AT = (0, 512, 1024, 2048, 4096)
+
+
+def _is_hdf5(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            for at in SIGNATURE_AT:
+                f.seek(at)
+                if f.read(len(SIGNATURE)) == SIGNATURE:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def _named_otherwise(src: str, most: int = 1000) -> str:
+    """What to say of a directory with no ``*.h5``: the HDF5 files in it under other
+    suffixes (MATLAB's ``*.mat`` of v7.3, ``*.nc`` of netCDF-4), by their signature
+    (the first ``most`` files looked at), and the pattern that names them."""
+    found: dict[str, list[str]] = {}
+    for n, p in enumerate(p for p in sorted(Path(src).rglob("*")) if p.is_file()):
+        if n >= most:
+            break
+        if any(part.startswith(".") for part in p.relative_to(src).parts):
+            continue
+        if _is_hdf5(p):
+            found.setdefault(p.suffix or "(no suffix)", []).append(p.name)
+    if not found:
+        return ""
+    kinds = ", ".join(
+        f"{len(names)} *{suffix}: {', '.join(names[:2])}{', ...' if len(names) > 2 else ''}"
+        for suffix, names in sorted(found.items(), key=lambda kv: -len(kv[1]))
+    )
+    suffix = max(found, key=lambda k: len(found[k]))
+    pattern = os.path.join(src, "**", f"*{suffix}" if suffix != "(no suffix)" else "*")
+    return (
+        f"; it holds HDF5 files named otherwise ({kinds}): name them by a pattern, e.g. '{pattern}'"
+    )
 
 
 def _once(files: list[str]) -> list[str]:

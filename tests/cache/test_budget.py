@@ -57,6 +57,15 @@ def test_auto_format_choice(tmp_path, ram, ssd, expected):
     assert "RAM budget" in choice.reason and choice.budget == ram
 
 
+def test_the_reason_says_the_share_rounded_down(tmp_path):
+    """A budget just short of the data is not said to hold 100% of it."""
+    short = choose(resolved(tmp_path, 299 * GB, 200 * GB), 300 * GB, 155 * GB)
+    assert short.reason.startswith("99% of the decoded data fits"), short.reason
+    assert "the SSD tier serves the rest" in short.reason
+    without = choose(resolved(tmp_path, 100 * GB, 50 * GB), 300 * GB, 155 * GB)
+    assert "33% of" in without.reason and "the SSD tier and the origin serve" in without.reason
+
+
 def test_explicit_formats_are_kept(tmp_path):
     for fmt in ("decoded", "encoded"):
         choice = choose(resolved(tmp_path, 1 * GB, 0, fmt), 300 * GB, 155 * GB)

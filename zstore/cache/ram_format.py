@@ -22,6 +22,7 @@ and 4 ranks), later epochs alike (docs/benchmarks-notes.md).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 
@@ -74,10 +75,10 @@ def choose(
         )
     else:
         share = budget / decoded_bytes if decoded_bytes else 1.0
-        rest = "the SSD tier" if ssd_holds_store else "the SSD tier and the origin"
-        why = (
-            f"{share:.0%} of the decoded data fits and stays resident; {rest} serve the "
-            "rest as compressed chunks"
+        rest = "the SSD tier serves" if ssd_holds_store else "the SSD tier and the origin serve"
+        why = (  # rounded down: a budget just short of the data is not "100%"
+            f"{math.floor(share * 100)}% of the decoded data fits and stays resident; {rest} "
+            "the rest as compressed chunks"
         )
     if not whole_shards:
         why += (

@@ -168,3 +168,70 @@ def test_whole_utterances_with_their_transcripts(tmp_path):
     batch = next(iter(loader))
     assert batch["text"] == [attrs[n]["text"] for n in batch["item"]]
     assert batch["wav_length"].tolist() == [ds[i]["wav"].shape[-1] for i in range(5)]
+
+
+def test_attributes_of_many_records_read_in_random_order(tmp_path, monkeypatch):
+    """Packed utterances in several batch records, their attributes of every kind (a
+    transcript, whole numbers, one beyond int64 (uint64), floats with a NaN, booleans, lists, a
+    mix of whole and fractional numbers, one that only some items have), read in random
+    order, with the process's columns held to a few records so they are let go of and
+    read again: each item's own attributes every time, and a list changed by the caller
+    changes no later read."""
+    import importlib
+
+    columns = importlib.import_module("zstore.read._record_columns")
+    rng = np.random.default_rng(5)
+    items, attrs = {}, {}
+    for i in range(1500):
+        name = f"spk{i % 7}/utt{i:05d}"
+        items[name] = {"wav": rng.integers(-3000, 3000, (1, 1600 + i % 50)).astype(np.int16)}
+        attrs[name] = {
+            "text": f"utterance {i} — ünïcödé" * (1 + i % 3),
+            "spk_id": i % 7,
+            "big": np.uint64(2**63 + i),
+            "snr": float("nan") if i % 11 == 0 else 0.5 * i,
+            "clean": i % 2 == 0,
+            "tags": np.arange(i % 4),
+            "gain": i if i % 2 else i + 0.25,
+        }
+        if i % 5 == 0:
+            attrs[name]["note"] = f"note {i}"
+    write_h5(tmp_path / "c.h5", items, attrs)
+    store = tmp_path / "c.zarr"
+    zstore.convert(  # short chunks: a batch record of a few hundred items
+        tmp_path / "c.h5", store, rates={"wav": 16000}, chunk_seconds=0.1, workers=1, progress=False
+    )
+    assert len(list(store.glob("zstore_packed/*/items.*.json"))) >= 3
+    monkeypatch.setattr(columns, "MAX_COLUMN_BYTES", 4000)
+
+    def want(name: str) -> dict:
+        a = dict(attrs[name])
+        a["tags"] = a["tags"].tolist()
+        a["clean"] = bool(a["clean"])
+        a["big"] = int(a["big"])
+        return a
+
+    def same(got: dict, name: str) -> bool:
+        w = want(name)
+        if math.isnan(w["snr"]):
+            if not math.isnan(got.pop("snr")):
+                return False
+            w.pop("snr")
+        return got == w and all(type(got[k]) is type(w[k]) for k in w)
+
+    ds = zstore.WindowDataset(
+        store, window_seconds=0.05, attrs=["text", "spk_id", "snr"], cache=False, seed=1
+    )
+    order = rng.permutation(len(ds))
+    for i in order[:600]:
+        window = ds[int(i)]
+        name = window["item"]
+        assert window["text"] == attrs[name]["text"] and window["spk_id"] == attrs[name]["spk_id"]
+        got = ds.item_attrs(int(i))
+        assert same(got, name), (name, got)
+    name = ds[int(order[0])]["item"]
+    ds.item_attrs(name)["tags"].append(99)
+    assert ds.item_attrs(name)["tags"] == want(name)["tags"]
+    for batch in zstore.WindowLoader(ds, batch_size=64, shuffle=True):
+        assert batch["text"] == [attrs[n]["text"] for n in batch["item"]]
+        assert batch["spk_id"].tolist() == [attrs[n]["spk_id"] for n in batch["item"]]

@@ -5,6 +5,7 @@ a packed item's place in its pack group's array, and the items' HDF5 attributes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
@@ -89,6 +90,16 @@ class ItemPlaces:
         if meta is None:
             meta = self._stored_json(f"{self.manifest.items[position]}/zarr.json")
         return decode_attrs(dict(meta.get("attributes", {})))
+
+    def item_named_attrs(self, position: int, names: Sequence[str]) -> dict[str, Any]:
+        """Attributes ``names`` of item ``position``, those it has: a packed item's from
+        its batch record's columns, which this process keeps for every record."""
+        self.open()
+        packed = self.records.named(position, names)
+        if packed is not None:
+            return packed
+        have = self.item_attrs(position)
+        return {k: have[k] for k in names if k in have}
 
     def in_record(self, position: int | None, name: str) -> bool:
         """Whether array ``name`` of item ``position`` is kept in its batch's record:

@@ -8,47 +8,41 @@ items' positions in the store and its arrays decoded, stacked where their shapes
 (~20 bytes an item for a scalar label), not the JSON.  Every record of a store of
 millions of items fits: a record parsed again on each window cost ~0.7 ms, and a store
 with more records than a process kept read its labels 35x slower than its audio.  The
-attributes (read when a dataset selects its items with a callable, in item order) are
-kept for the last few records only."""
+items' attributes are kept as columns (:mod:`zstore.read._record_columns`)."""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zstore.errors import StoreFormatError
-from zstore.format import decode_attrs, record_values
+from zstore.format import record_values
+from zstore.read._record_columns import RecordColumns, Rows
 
 if TYPE_CHECKING:
     from zstore.format import Manifest
 
 #: records whose arrays a process keeps (a store of 1M items of ~1 s has ~4,000)
 MAX_RECORDS = 1 << 16
-#: records whose attributes a process keeps
-MAX_ATTRS = 64
 
 
 @dataclass
 class Record:
-    """What is kept of one batch record: the store positions of its items in the
-    record's order (``slots`` maps a position to its index, where they are not in
-    increasing order), and per array stored whole, per item index, its row in the
-    array's values (-1: the item lacks it) and the values."""
+    """What is kept of one batch record: where its items lie in it, and per array
+    stored whole, per item slot, its row in the array's values (-1: the item lacks it)
+    and the values."""
 
-    positions: np.ndarray
-    slots: dict[int, int] | None
+    at: Rows
     arrays: dict[str, tuple[np.ndarray, np.ndarray | list[np.ndarray]]]
 
     def slot(self, position: int) -> int:
-        if self.slots is not None:
-            return self.slots[position]
-        return int(np.searchsorted(self.positions, position))
+        return self.at.slot(position)
 
 
 class BatchRecords:
@@ -58,23 +52,20 @@ class BatchRecords:
     def __init__(self, url: str, manifest: Manifest, read: Callable[[str], Any]) -> None:
         self.url, self.manifest, self._read = url, manifest, read
         self._kept: OrderedDict[str, Record] = OrderedDict()
-        self._attrs: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()  # the reader's threads share it
+        #: the items' attributes
+        self.columns = RecordColumns(self._load, self._rows)
 
     def attrs(self, position: int) -> dict[str, Any] | None:
         """A packed item's attributes (None: the item is not packed)."""
         key = self._key(position)
-        if key is None:
-            return None
-        with self._lock:
-            entries = self._attrs.get(key)
-            if entries is None:
-                entries = dict(self._load(key).get("entries", {}))
-                self._attrs[key] = entries
-                if len(self._attrs) > MAX_ATTRS:
-                    self._attrs.popitem(last=False)
-        entry = entries.get(self.manifest.items[position], {})
-        return decode_attrs(dict(entry.get("attrs", {})))
+        return None if key is None else self.columns.attrs(key, position)
+
+    def named(self, position: int, names: Sequence[str]) -> dict[str, Any] | None:
+        """Attributes ``names`` of a packed item, those it has (None: the item is not
+        packed)."""
+        key = self._key(position)
+        return None if key is None else self.columns.named(key, position, names)
 
     def array(self, position: int, name: str) -> np.ndarray:
         """Array ``name`` of packed item ``position``, stored whole in its record."""
@@ -116,9 +107,8 @@ class BatchRecords:
             raise StoreFormatError(f"{self.url}/{key} is not a batch record; reconvert the store")
         return data
 
-    def _record(self, key: str, position: int) -> Record:
-        """Record ``key`` (which holds item ``position``) read, and kept compact."""
-        data = self._load(key)
+    def _rows(self, position: int, data: dict[str, Any]) -> Rows:
+        """Where the items of a record (``data``; it holds item ``position``) lie in it."""
         placement = self.manifest.placement
         assert placement is not None
         g, b = int(placement.group[position]), int(placement.batch[position])
@@ -128,6 +118,13 @@ class BatchRecords:
         if [self.manifest.items[int(p)] for p in positions] != names:  # not in store order
             where = {n: i for i, n in enumerate(self.manifest.items)}
             slots = {where[n]: k for k, n in enumerate(names) if n in where}
+        return Rows(positions, slots, names)
+
+    def _record(self, key: str, position: int) -> Record:
+        """Record ``key`` (which holds item ``position``) read, and kept compact."""
+        data = self._load(key)
+        at = self._rows(position, data)
+        names = at.names
         arrays: dict[str, tuple[np.ndarray, np.ndarray | list[np.ndarray]]] = {}
         for name, entry in dict(data.get("arrays", {})).items():
             try:
@@ -144,4 +141,4 @@ class BatchRecords:
             shapes = {v.shape for v in values}
             stacked = np.stack(values) if len(shapes) == 1 and values else values
             arrays[name] = (rows, stacked)
-        return Record(positions, slots, arrays)
+        return Record(at, arrays)

@@ -99,14 +99,15 @@ class WindowPlacement:
             cache = self._attr_cache = OrderedDict()
         found = cache.get(position)
         if found is None:
-            have = self.reader.item_attrs(position)
-            lacking = [k for k in self.attrs if k not in have]
+            found = self.reader.item_named_attrs(position, self.attrs)
+            lacking = [k for k in self.attrs if k not in found]
             if lacking:
+                have = self.reader.item_attrs(position)
                 raise KeyError(
                     f"{self.url}: item {self._items[position]!r} has no attribute "
                     f"{lacking[0]!r} (attrs=); it has {sorted(have) or 'none'}"
                 )
-            found = cache[position] = {k: have[k] for k in self.attrs}
+            cache[position] = found
             if len(cache) > ATTR_CACHE:
                 cache.popitem(last=False)
         # a list is copied: a transform that changes one in place changes no later window

@@ -235,3 +235,43 @@ def test_attributes_of_many_records_read_in_random_order(tmp_path, monkeypatch):
     for batch in zstore.WindowLoader(ds, batch_size=64, shuffle=True):
         assert batch["text"] == [attrs[n]["text"] for n in batch["item"]]
         assert batch["spk_id"].tolist() == [attrs[n]["spk_id"] for n in batch["item"]]
+
+
+def test_transcripts_of_packed_items_on_s3_in_dataloader_workers(s3, tmp_path):
+    """Packed utterances on an S3 endpoint, read through both tiers by a DataLoader's
+    spawned workers with ``attrs=``: each batch's transcripts and speakers are its
+    items', and the batch records were fetched from the endpoint once for the node."""
+    options, counter = s3
+    rng = np.random.default_rng(8)
+    items, attrs = {}, {}
+    for i in range(300):
+        name = f"spk{i % 4}/utt{i:04d}"
+        items[name] = {"wav": rng.integers(-3000, 3000, (1, 4000 + 7 * i)).astype(np.int16)}
+        attrs[name] = {"speaker": f"spk{i % 4}", "text": f"utterance {i} — ü"}
+    write_h5(tmp_path / "c.h5", items, attrs)
+    url = f"s3://zstore-test/attrs-{tmp_path.name}/c.zarr"
+    zstore.convert(
+        tmp_path / "c.h5", url, rates={"wav": 16000}, storage_options=options, progress=False
+    )
+    cfg = zstore.CacheConfig(
+        ram_dir=tmp_path / "ram", ram_bytes="64MB", ssd_dir=tmp_path / "ssd", ssd_bytes="256MB"
+    )
+    ds = zstore.WindowDataset(
+        url, window_seconds=0.2, cache=cfg, storage_options=options, attrs=["text", "speaker"]
+    )
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=32, num_workers=2, multiprocessing_context="spawn", shuffle=True
+    )
+    before = len(counter.requests)
+    seen = 0
+    for batch in loader:
+        assert batch["text"] == [attrs[n]["text"] for n in batch["item"]]
+        assert batch["speaker"] == [attrs[n]["speaker"] for n in batch["item"]]
+        seen += len(batch["item"])
+    assert seen == 300
+    records = [
+        p
+        for m, p in counter.requests[before:]
+        if m == "GET" and "zstore_packed" in p and ".json" in p
+    ]
+    assert records and len(records) == len(set(records)), records

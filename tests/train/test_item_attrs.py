@@ -275,3 +275,24 @@ def test_transcripts_of_packed_items_on_s3_in_dataloader_workers(s3, tmp_path):
         if m == "GET" and "zstore_packed" in p and ".json" in p
     ]
     assert records and len(records) == len(set(records)), records
+
+
+def test_store_info_names_the_item_attributes(tmp_path):
+    """`zstore info` says which attributes items carry, for `attrs=`; a store whose items
+    have none says nothing of them."""
+    _corpus(tmp_path / "c.h5")
+    store = str(tmp_path / "c.zarr")
+    zstore.convert(str(tmp_path / "c.h5"), store, rates={"wav": 16000}, workers=1, progress=False)
+    info = zstore.store_info(store)
+    assert set(info["item_attrs"]) == {"speaker", "text", "gain_db", "snr", "channels", "corpus"}
+    assert "item attributes (of 'spk0/utt0'; ds.item_attrs, attrs=): " in info["text"]
+    write_h5(tmp_path / "bare.h5", {"u0": {"wav": np.zeros((1, 1600), np.int16)}})
+    zstore.convert(
+        tmp_path / "bare.h5",
+        tmp_path / "bare.zarr",
+        rates={"wav": 16000},
+        workers=1,
+        progress=False,
+    )
+    bare = zstore.store_info(str(tmp_path / "bare.zarr"))
+    assert bare["item_attrs"] == [] and "item attributes" not in bare["text"]

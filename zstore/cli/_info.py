@@ -46,6 +46,17 @@ def _shown(manifest: Manifest, name: str) -> int | None:
     return int(full[0]) if len(full) else first
 
 
+def _first_attrs(url: str, storage_options: dict[str, Any] | None, manifest: Manifest) -> list[str]:
+    """The names of the first item's attributes (a speaker, a transcript), read as
+    ``WindowDataset.item_attrs`` reads them, with no cache; none for an empty store."""
+    if not manifest.items:
+        return []
+    from zstore.read import WindowReader
+
+    reader = WindowReader(url, cache=None, storage_options=storage_options)
+    return list(reader.open().item_attrs(0))
+
+
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Items, arrays (rate, shape, chunking), total duration, bytes and codec of a store."""
     manifest, metas = read_manifest(url, storage_options, history=True)
@@ -204,6 +215,12 @@ def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> di
         line = _values_line(manifest.arrays[name])
         if line:
             lines.append(f"    {line}")
+    names = info["item_attrs"] = _first_attrs(url, storage_options, manifest)
+    if names:
+        lines.append(
+            f"item attributes (of '{manifest.items[0]}'; ds.item_attrs, attrs=): "
+            + ", ".join(names)
+        )
     skipped = list(manifest.extra.get("skipped", []))
     info["skipped"] = skipped
     if skipped:

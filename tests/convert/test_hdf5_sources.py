@@ -1009,6 +1009,59 @@ def test_matlab_v73_files_convert_and_their_fs_is_checked(tmp_path):
         assert np.array_equal(x["wav"].numpy(), want)
 
 
+def _matlab_char(group, name: str, rows: list[str]) -> None:
+    """A MATLAB char array as ``save('-v7.3')`` writes it: UTF-16 codes of the rows,
+    padded with blanks, MATLAB's (rows, columns) stored as (columns, rows)."""
+    width = max(len(r) for r in rows)
+    codes = np.array([[ord(c) for c in r.ljust(width)] for r in rows], dtype=np.uint16)
+    d = group.create_dataset(name, data=codes.T)
+    d.attrs["MATLAB_class"] = np.bytes_("char")
+    d.attrs["MATLAB_int_decode"] = np.int32(2)
+
+
+@pytest.mark.parametrize("pack_seconds", [0.0, 10.0], ids=["own groups", "packed"])
+def test_matlab_char_arrays_are_kept_as_text_attributes(tmp_path, pack_seconds):
+    """A label or transcript in a MATLAB struct (``rec.label = 'walking'``) is a char
+    array: uint16 codes marked ``MATLAB_class="char"``.  It is an attribute of its item,
+    a string (a list of the rows of a char matrix); a uint16 array of MATLAB's own
+    class ``uint16`` stays an array."""
+    src = tmp_path / "act.mat"
+    labels = ["walking é", "running", "sitting down"]
+    with h5py.File(src, "w", userblock_size=512) as f:
+        for i, label in enumerate(labels):
+            g = f.create_group(f"rec{i}")
+            g.attrs["MATLAB_class"] = np.bytes_("struct")
+            acc = np.arange(3 * 1000 * (2 + i), dtype="f8").reshape(-1, 3) / 7
+            g.create_dataset("acc", data=acc).attrs["MATLAB_class"] = np.bytes_("double")
+            _matlab_char(g, "label", [label])
+            _matlab_char(g, "words", label.split())
+            counts = g.create_dataset("counts", data=np.arange(6, dtype=np.uint16).reshape(2, 3))
+            counts.attrs["MATLAB_class"] = np.bytes_("uint16")
+    dst = tmp_path / "m.zarr"
+    report = zstore.convert(
+        src,
+        dst,
+        rates={"acc": 1000},
+        time_axis={"acc": 0},
+        pack_seconds=pack_seconds,
+        workers=1,
+        progress=False,
+        verify=True,
+    )
+    assert report.packed == (3 if pack_seconds else 0)
+    assert "label, words: strings, kept as attributes" in str(report)
+    ds = zstore.WindowDataset(dst, window_seconds=1.0, attrs=["label", "words"], cache=False)
+    for i in range(len(ds)):
+        x = ds[i]
+        want = labels[int(x["item"][-1])]
+        # a char matrix of one row is a string, as MATLAB's own 1 x n char is
+        words = want.split() if " " in want else want
+        assert x["label"] == want and x["words"] == words
+        assert ds.item_attrs(i) == {"MATLAB_class": "struct", "label": want, "words": words}
+    whole = zstore.WindowDataset(dst, window_seconds=None, fields=["counts"], cache=False)
+    assert np.array_equal(whole[0]["counts"].numpy(), np.arange(6).reshape(2, 3))
+
+
 def test_a_matlab_file_before_version_73_is_named_as_such(tmp_path):
     head = b"MATLAB 5.0 MAT-file, Platform: GLNXA64".ljust(116) + bytes(8) + b"\x00\x01IM"
     (tmp_path / "old.mat").write_bytes(head + bytes(64))

@@ -52,6 +52,35 @@ SHARED_TASKS = 32
 #: root groups of MATLAB's version 7.3 .mat files (HDF5) that hold its own bookkeeping:
 #: the data cell arrays and strings refer to, and class definitions
 MATLAB_GROUPS = frozenset({"#refs#", "#subsystem#"})
+
+
+def matlab_chars(
+    fid: Any, found: list[tuple[str, tuple[int, ...], np.dtype]], attrs: dict[str, int]
+) -> set[str]:
+    """The datasets of ``found`` that are MATLAB ``char`` arrays (a .mat file of version
+    7.3 keeps a string as UTF-16 codes, ``uint16`` with the attribute
+    ``MATLAB_class="char"``): a label, a transcript, kept as text attributes of their
+    items (:func:`zstore.format.attrs.text_attrs`).  Only 2-D ``uint16`` datasets with
+    attributes are asked (~25 us each)."""
+    out = set()
+    for full, shape, dtype in found:
+        # stored (columns, rows): a string per row, at most MAX_TEXT_VALUES of them
+        if dtype != np.uint16 or len(shape) != 2 or shape[1] > MAX_TEXT_VALUES:
+            continue
+        if not attrs.get(full):
+            continue
+        where = full.encode("utf-8", "surrogateescape")
+        try:
+            aid = h5py.h5a.open(fid, b"MATLAB_class", obj_name=where)
+        except KeyError:
+            continue
+        value = np.empty((), dtype=aid.dtype)
+        aid.read(value)
+        if bytes(value.item()) == b"char":
+            out.add(full)
+    return out
+
+
 #: sources whose failure a corpus's one error lists in full (the rest are counted)
 MAX_FAILED = 10
 
@@ -130,6 +159,7 @@ def scan(
             else:
                 links = walk(f.id)
             found, left, aliases, direct, attrs, others = _datasets(f.id, links)
+            chars = matlab_chars(f.id, found, attrs)
         except (OSError, RuntimeError, KeyError) as e:
             raise SourceError(
                 f"{path}: reading the file failed ({e}); it may be truncated or corrupt: re-copy it"
@@ -172,7 +202,7 @@ def scan(
             for array, (field, fdtype) in zip(names, fields):
                 groups.setdefault(group, []).append((array, shape, fdtype))
                 split.setdefault(group, {})[array] = (key, field)
-        elif is_text(shape, dtype):  # a transcript: an attribute of its item, if any
+        elif is_text(shape, dtype) or full in chars:  # a transcript: an item attribute
             texts.setdefault(group, []).append((key, dtype))
         elif h5py.check_string_dtype(dtype) is not None:
             skipped.append(

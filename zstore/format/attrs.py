@@ -54,8 +54,22 @@ def text_attrs(
         data = np.empty(did.shape, dtype=did.dtype)  # object (variable length) or bytes
         if data.size:
             did.read(h5py.h5s.ALL, h5py.h5s.ALL, data)
+        if data.dtype == np.uint16:  # a MATLAB char array (zstore.convert._scan)
+            out[name] = matlab_text(data)
+            continue
         out[name] = _value(data[()] if data.ndim == 0 else data, None, [False])
     return out
+
+
+def matlab_text(codes: np.ndarray) -> str | list[str]:
+    """A MATLAB char array's text: its UTF-16 codes as h5py reads them, MATLAB's
+    column-major (rows, columns) stored as (columns, rows).  One row is a string; a
+    char matrix is a list of its rows, their padding blanks stripped on the right."""
+    rows = [
+        np.ascontiguousarray(row, dtype="<u2").tobytes().decode("utf-16-le", "replace")
+        for row in codes.T
+    ]
+    return rows[0] if len(rows) == 1 else [r.rstrip(" ") for r in rows]
 
 
 def _strict(values: Any, file: Any) -> dict[str, Any]:

@@ -83,15 +83,19 @@ def _named_otherwise(src: str, most: int = 1000) -> str:
     suffixes (MATLAB's ``*.mat`` of v7.3, ``*.nc`` of netCDF-4), by their signature
     (the first ``most`` files looked at), and the pattern that names them."""
     found: dict[str, list[str]] = {}
-    for n, p in enumerate(p for p in sorted(Path(src).rglob("*")) if p.is_file()):
-        if n >= most:
+    looked = 0
+    for p in Path(src).rglob("*"):  # lazily: a large tree is not listed whole again
+        if looked >= most:
             break
-        if any(part.startswith(".") for part in p.relative_to(src).parts):
+        if not p.is_file() or any(part.startswith(".") for part in p.relative_to(src).parts):
             continue
+        looked += 1
         if _is_hdf5(p):
             found.setdefault(p.suffix or "(no suffix)", []).append(p.name)
     if not found:
         return ""
+    for names in found.values():
+        names.sort()
     kinds = ", ".join(
         f"{len(names)} *{suffix}: {', '.join(names[:2])}{', ...' if len(names) > 2 else ''}"
         for suffix, names in sorted(found.items(), key=lambda kv: -len(kv[1]))

@@ -74,9 +74,10 @@ def matlab_chars(
             aid = h5py.h5a.open(fid, b"MATLAB_class", obj_name=where)
         except KeyError:
             continue
-        value = np.empty((), dtype=aid.dtype)
+        value = np.empty((), dtype=aid.dtype)  # fixed-length bytes as MATLAB writes it
         aid.read(value)
-        if bytes(value.item()) == b"char":
+        got = value.item()
+        if (got.decode("ascii", "replace") if isinstance(got, bytes) else str(got)) == "char":
             out.add(full)
     return out
 

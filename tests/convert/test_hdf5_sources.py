@@ -1339,3 +1339,26 @@ def test_a_file_of_one_dataset_per_utterance_is_not_taken_for_one_recording(tmp_
             f[f"utt{i}"] = np.zeros((1, 16000), np.float32)
     with pytest.raises(zstore.SourceError, match="--dataset-items wav.*--rate utt0=16000"):
         zstore.convert(tmp_path / "flat.h5", tmp_path / "s.zarr", rates={"wav": 16000})
+
+
+def test_ragged_arrays_are_left_out_saying_how_to_store_them(tmp_path):
+    """Word alignments as a variable-length float dataset (one list of times per word)
+    have no Zarr array to go to: left out, one line for all groups, saying what they are
+    and how to store them; the rest of each item converts."""
+    src = tmp_path / "a.h5"
+    with h5py.File(src, "w") as f:
+        for i in range(4):
+            g = f.create_group(f"u{i}")
+            g["wav"] = np.full((1, 16000), i, np.int16)
+            align = g.create_dataset("align", (3,), dtype=h5py.vlen_dtype(np.float32))
+            for k in range(3):
+                align[k] = np.arange(k + 1, dtype=np.float32)
+            g["kind"] = np.array([b"a"], dtype=h5py.opaque_dtype(np.dtype("V1")))
+    report = zstore.convert(
+        src, tmp_path / "a.zarr", rates={"wav": 16000}, workers=1, progress=False
+    )
+    said = "\n".join(report.skipped)
+    assert "align: ragged arrays (variable-length float32), which no Zarr array holds; " in said
+    assert "one flat array of the values and one of their offsets, or padded, in 4 groups" in said
+    assert "kind: non-numeric dtype |V1, in 4 groups" in said
+    assert report.items == 4

@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 
 from zstore.convert._fields import ITSELF
-from zstore.convert._source import NUMERIC_KINDS, SourceItem
+from zstore.convert._source import NUMERIC_KINDS, SourceItem, non_numeric
 
 
 def dataset_items(
@@ -32,7 +32,7 @@ def dataset_items(
         if dtype.kind in NUMERIC_KINDS and not dtype.names:
             numeric.append((full, shape, dtype))
         else:
-            skipped.append(f"{full}: non-numeric dtype {dtype}")
+            skipped.append(f"{full}: {non_numeric(dtype)}")
     # the recordings' number of dimensions: most datasets have it (a scalar sample rate
     # or a metadata table beside them is not a recording)
     ndims = Counter(len(shape) for _, shape, _ in numeric)

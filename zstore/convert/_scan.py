@@ -28,6 +28,7 @@ from zstore.convert._source import (
     identity_of,
     is_text,
     item_name,
+    non_numeric,
     open_source,
 )
 from zstore.convert._subgroups import merge_subgroups, nested_items
@@ -211,7 +212,7 @@ def scan(
                 f"{MAX_TEXT_VALUES} to keep as an attribute of the item"
             )
         elif dtype.kind not in NUMERIC_KINDS or dtype.names:
-            skipped.append(f"{group}/{key}: non-numeric dtype {dtype}")
+            skipped.append(f"{group}/{key}: {non_numeric(dtype)}")
         else:
             groups.setdefault(group, []).append((key, shape, dtype))
     for internal in [g for g in groups if g.split("/", 1)[0] in MATLAB_GROUPS]:

@@ -96,6 +96,18 @@ def is_text(shape: tuple[int, ...], dtype: np.dtype) -> bool:
     return len(shape) == 0 or (len(shape) == 1 and shape[0] <= MAX_TEXT_VALUES)
 
 
+def non_numeric(dtype: np.dtype) -> str:
+    """Why a dataset of ``dtype`` is left out: what it holds, and for ragged arrays
+    (variable-length numbers: word or phone alignments) how to store them instead."""
+    base = h5py.check_vlen_dtype(dtype)
+    if base is not None and np.dtype(base).kind in NUMERIC_KINDS:
+        return (
+            f"ragged arrays (variable-length {np.dtype(base)}), which no Zarr array holds; "
+            "store them as one flat array of the values and one of their offsets, or padded"
+        )
+    return f"non-numeric dtype {dtype}"
+
+
 def identity_of(file: int | str) -> tuple[int, int, int]:
     """The (size, mtime_ns, inode) of an open file (its descriptor) or of a path: what
     :attr:`SourceItem.identity` records, so the file is read at the scan's offsets only

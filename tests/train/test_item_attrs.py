@@ -286,6 +286,12 @@ def test_store_info_names_the_item_attributes(tmp_path):
     info = zstore.store_info(store)
     assert set(info["item_attrs"]) == {"speaker", "text", "gain_db", "snr", "channels", "corpus"}
     assert "item attributes (of 'spk0/utt0'; ds.item_attrs, attrs=): " in info["text"]
+    from pathlib import Path
+
+    for record in Path(store).glob("zstore_packed/*/items.*.json"):  # damaged: info still works
+        record.write_bytes(b"not json")
+    damaged = zstore.store_info(store)
+    assert damaged["item_attrs"] == [] and damaged["items"] == info["items"]
     write_h5(tmp_path / "bare.h5", {"u0": {"wav": np.zeros((1, 1600), np.int16)}})
     zstore.convert(
         tmp_path / "bare.h5",

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from zstore.convert._copies import DIGESTS, copies, copies_text, unpack_digests
+from zstore.errors import ZstoreError
 from zstore.format import (
     ArrayInfo,
     Manifest,
@@ -48,13 +49,17 @@ def _shown(manifest: Manifest, name: str) -> int | None:
 
 def _first_attrs(url: str, storage_options: dict[str, Any] | None, manifest: Manifest) -> list[str]:
     """The names of the first item's attributes (a speaker, a transcript), read as
-    ``WindowDataset.item_attrs`` reads them, with no cache; none for an empty store."""
+    ``WindowDataset.item_attrs`` reads them, with no cache; none for an empty store, or
+    where the item cannot be read (``info`` still describes a damaged store)."""
     if not manifest.items:
         return []
     from zstore.read import WindowReader
 
-    reader = WindowReader(url, cache=None, storage_options=storage_options)
-    return list(reader.open().item_attrs(0))
+    try:
+        reader = WindowReader(url, cache=None, storage_options=storage_options)
+        return list(reader.open().item_attrs(0))
+    except (ZstoreError, OSError, ValueError, KeyError):
+        return []
 
 
 def store_info(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -60,22 +60,15 @@ def expand_sources(sources: str | os.PathLike[str] | Sequence[Any]) -> list[str]
     return _once(list(dict.fromkeys(out)))  # each file once, first place kept
 
 
-#: HDF5's signature, at the start of the file or after a user block of 512 bytes times
-#: a power of two (MATLAB's v7.3 files have one of 512)
-SIGNATURE = b"\x89HDF\r\n\x1a\n"
-SIGNATURE_AT = (0, 512, 1024, 2048, 4096)
+def _is_hdf5(path: str) -> bool:
+    """Whether ``path`` is an HDF5 file, by HDF5's own look for its signature (at the
+    start, or after a user block: MATLAB's v7.3 files have one of 512 bytes)."""
+    import h5py
 
-
-def _is_hdf5(path: Path) -> bool:
     try:
-        with open(path, "rb") as f:
-            for at in SIGNATURE_AT:
-                f.seek(at)
-                if f.read(len(SIGNATURE)) == SIGNATURE:
-                    return True
+        return bool(h5py.is_hdf5(path))
     except OSError:
         return False
-    return False
 
 
 def _named_otherwise(src: str, most: int = 1000) -> str:
@@ -90,7 +83,7 @@ def _named_otherwise(src: str, most: int = 1000) -> str:
         if not p.is_file() or any(part.startswith(".") for part in p.relative_to(src).parts):
             continue
         looked += 1
-        if _is_hdf5(p):
+        if _is_hdf5(str(p)):
             found.setdefault(p.suffix or "(no suffix)", []).append(p.name)
     if not found:
         return ""

@@ -73,6 +73,7 @@ def _no_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
         "ZSTORE_SSD_DIR",
         "ZSTORE_FETCH",
         "ZSTORE_MAX_REQUESTS",
+        "ZSTORE_FILLS",
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
@@ -254,10 +255,14 @@ class CountingApp:
         self.app = app
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []
+        #: (path, Range header) of each GET that named a range
+        self.ranges: list[tuple[str, str]] = []
 
     def __call__(self, environ, start_response):
         with self.lock:
             self.requests.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")))
+            if environ["REQUEST_METHOD"] == "GET" and environ.get("HTTP_RANGE"):
+                self.ranges.append((environ.get("PATH_INFO", ""), environ["HTTP_RANGE"]))
         return self.app(environ, start_response)
 
     def chunk_gets(self) -> int:

@@ -125,6 +125,21 @@ def fold(directory: str) -> None:
                 os.unlink(os.path.join(directory, name))
 
 
+def live_processes(directory: str | None) -> set[int]:
+    """The running processes that count into ``directory`` (the node's processes that
+    have used its tiers; each makes its file on its first count)."""
+    pids: set[int] = set()
+    try:
+        names = os.listdir(directory) if directory else []
+    except OSError:
+        return pids
+    for name in names:
+        pid = name.split("-", 1)[0]
+        if name.endswith(".bin") and pid.isdigit() and alive(int(pid)):
+            pids.add(int(pid))
+    return pids
+
+
 MARK = "mark.counts"  # not .bin: a snapshot, not a process's counters
 
 

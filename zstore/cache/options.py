@@ -19,6 +19,7 @@ from zstore.urls import disk_usage_under, on_local_disk
 
 AUTO = "auto"
 RAM_FORMATS = ("auto", "chunks", "decoded", "encoded")
+FILLS = ("auto", "process", "thread")
 
 
 def _meminfo_bytes(field: str) -> int:
@@ -105,6 +106,7 @@ _ENV = {
     "fetch": "ZSTORE_FETCH",
     "max_requests": "ZSTORE_MAX_REQUESTS",
     "shared_group": "ZSTORE_SHARED_GROUP",
+    "fills": "ZSTORE_FILLS",
 }
 _OFF = {"", "none", "off", "0", "false"}
 
@@ -141,10 +143,18 @@ class CacheConfig:
             ``2770`` owned by it, files ``0660``.  Every member can then feed every
             other member's training.  Default: none, the tiers are private to the user
             (``0700``); a tier directory others can write is refused.
+        fills: where a process builds the whole shards its first reads leave to be
+            filled into a RAM tier of whole shards (``decoded``/``encoded``):
+            ``"process"``, a helper process of its own at the lowest priority (off the
+            reading process's interpreter lock, on a core the reads leave idle);
+            ``"thread"``, a thread of the reading process; ``"auto"`` (the default), a
+            process for a store of packed items where the node's reading processes
+            (local ranks x DataLoader workers) are fewer than its cores, else a thread.
 
     Environment: ``ZSTORE_RAM_BYTES``, ``ZSTORE_RAM_DIR``, ``ZSTORE_RAM_FORMAT``,
     ``ZSTORE_SSD_BYTES``, ``ZSTORE_SSD_DIR``, ``ZSTORE_FETCH``,
-    ``ZSTORE_MAX_REQUESTS``; ``none`` or an empty value disables a directory.
+    ``ZSTORE_MAX_REQUESTS``, ``ZSTORE_SHARED_GROUP``, ``ZSTORE_FILLS``; ``none`` or an
+    empty value disables a directory.
     """
 
     ram_bytes: int | str = AUTO
@@ -155,6 +165,7 @@ class CacheConfig:
     fetch: str = AUTO
     max_requests: int | str = AUTO
     shared_group: str | int | None = AUTO
+    fills: str = AUTO
 
     def resolved(self) -> ResolvedCache:
         """Apply environment variables and defaults; validate every field."""
@@ -200,6 +211,11 @@ class CacheConfig:
             raise ConfigError(
                 f"{origin['fetch']} must be 'auto', 'range', 'shard' or 'slots', got {fetch!r}"
             )
+        fills = str(raw["fills"])
+        if fills not in FILLS:
+            raise ConfigError(
+                f"{origin['fills']} must be 'auto', 'process' or 'thread', got {fills!r}"
+            )
         max_requests = (
             16
             if raw["max_requests"] == AUTO
@@ -220,6 +236,7 @@ class CacheConfig:
             fetch=fetch,
             max_requests=max_requests,
             shared_gid=_resolve_group(raw["shared_group"], origin["shared_group"]),
+            fills=fills,
         )
 
 
@@ -238,6 +255,8 @@ class ResolvedCache:
     #: the SSD tier's directory is the default (no argument, no ZSTORE_SSD_DIR): a reader
     #: of a store on a local disk then goes without it (:meth:`for_store`)
     ssd_auto: bool = False
+    #: where the fills behind the reads run (:class:`CacheConfig`'s ``fills``)
+    fills: str = AUTO
 
     def for_store(self, url: str, *, origin_fs: Any = None) -> ResolvedCache:
         """These tiers as a reader of the store at ``url`` uses them: without the default

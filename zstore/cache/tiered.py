@@ -9,7 +9,14 @@ from typing import Any
 
 from zstore.cache._location import refusal
 from zstore.cache._locks import StripedLocks
-from zstore.cache._stats import Stats, mark, read_since_mark, read_stats, summarize
+from zstore.cache._stats import (
+    Stats,
+    live_processes,
+    mark,
+    read_since_mark,
+    read_stats,
+    summarize,
+)
 from zstore.cache.options import CacheConfig, ResolvedCache
 from zstore.cache.ownership import describe, problem
 from zstore.cache.ram_format import forget, recorded
@@ -98,6 +105,10 @@ class TieredCache:
     def node_dir(self, name: str) -> str | None:
         """Like the module's :func:`node_dir`, from the directories checked at start."""
         return _under(*self._dirs, name)
+
+    def live_processes(self) -> set[int]:
+        """The node's running processes that have used these tiers (their counters)."""
+        return live_processes(self.stats.directory)
 
     def key(self, key: str) -> str:
         if self.lineage is not None:

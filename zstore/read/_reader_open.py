@@ -38,6 +38,8 @@ from zstore.read._builds import MAX_WRITE_BYTES, BehindBuilds, FirstReadHold
 from zstore.read._chunk_shards import ChunkShards
 from zstore.read._chunks import ChunkSource
 from zstore.read._fetch_mode import whole_shards
+from zstore.read._fill_process import FillProcess
+from zstore.read._fill_process import wanted as fills_in_process
 from zstore.read._maps import MappedValues
 from zstore.read._ram_shards import DecodedShards, EncodedShards, ShardForm
 from zstore.read._reader_meta import ItemPlaces
@@ -188,6 +190,19 @@ class ReaderSetup(ItemPlaces):
             self.values = MappedValues(self.tiers.ram)
             kind = FORMS[self.tiers.ram_format]
             self.form = kind(self.url, self.tiers, self.source, self.values, self.behind)
+        #: where this process's fills behind the reads run, if not in its thread
+        self.fill_process: FillProcess | None = None
+        if (
+            isinstance(self.form, ShardForm)
+            and resolved
+            and fills_in_process(resolved.fills, packed=self.manifest.placement is not None)
+        ):
+            tiers = self.tiers
+            assert tiers is not None
+            self.fill_process = self.form.fill_process = FillProcess(
+                self, resolved.fills, tiers.live_processes
+            )
+            self.hold.builds.append(self.fill_process)  # type: ignore[arg-type]
         self._lock = self.values.lock if self.values is not None else threading.Lock()
         self._group: Any = None
         #: small arrays stored whole that zarr reads (scalars: ~1 ms each), by path

@@ -15,6 +15,7 @@ import numpy as np
 from zstore.format import EMPTY, ArrayLayout, Span
 from zstore.read._builds import FORK_GATE, ByteBudget
 from zstore.read._fill_chunks import Chunk, FillChunks, RestFetch
+from zstore.read._fill_process import FillProcess
 from zstore.read._shard_builds import ShardBuilds
 from zstore.read._shard_pieces import REUSE, Pieces, Plan, lazy_pieces, release_free_memory
 
@@ -22,9 +23,18 @@ from zstore.read._shard_pieces import REUSE, Pieces, Plan, lazy_pieces, release_
 class ShardFills(ShardBuilds):
     """The fills behind the reads of a :class:`zstore.read._ram_shards.ShardForm`."""
 
+    #: the reading process's fill process, where its fills run in one
+    #: (:mod:`zstore.read._fill_process`; set by the reader), else None
+    fill_process: FillProcess | None = None
+
     if TYPE_CHECKING:
         at_hand: ByteBudget
         fill_chunks: FillChunks
+
+    def _helper(self) -> FillProcess | None:
+        """The fill process, where it takes fills now (else this process's thread)."""
+        helper = self.fill_process
+        return helper if helper is not None and helper.ready() else None
 
     def _build(self, missing: list[tuple[ArrayLayout, int, Span]], direct: Plan) -> Pieces:
         """Build missing shards into the RAM tier, once for the node (under its lock),
@@ -48,12 +58,13 @@ class ShardFills(ShardBuilds):
         locks: dict[str, list[int]] = {}
         decode_locks = self.tiers.decode_locks
         assert decode_locks is not None  # a RAM tier has them
+        queue = self._helper() or self.behind
         try:
             for layout, s, span in missing:
                 key = self.key(layout, s)
                 held = (
                     decode_locks.acquire([key], wait=False)
-                    if self.behind.has_room(len(todo) + 1)
+                    if queue.has_room(len(todo) + 1)
                     else None
                 )
                 if held is None:
@@ -144,6 +155,10 @@ class ShardFills(ShardBuilds):
         pieces = lazy_pieces(self.source, window, raw)
         held = {key: locks[key] for *_, key in todo}
         have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
+        helper = self._helper()
+        if helper is not None and self.source.fetch != "shard":
+            self._hand_to_process(helper, todo, locks, window, raw, have)
+            return pieces
         # The shards' other chunks this process holds fetched whole (their SSD write
         # queued) go with them, within MAX_AT_HAND_BYTES: the fill then does not read
         # them back from the SSD tier (from the device: it writes around the page cache).
@@ -185,6 +200,35 @@ class ShardFills(ShardBuilds):
             self.at_hand.give(extra)
             self.source.let_go(kept)
         return pieces
+
+    def _hand_to_process(
+        self,
+        helper: FillProcess,
+        todo: list[tuple[ArrayLayout, int, Span, str]],
+        locks: dict[str, list[int]],
+        window: list[Chunk],
+        raw: list[tuple[Any, Any]],
+        have: dict[tuple[str, int], tuple[Any, Any]],
+    ) -> None:
+        """:meth:`_hand_off` to the fill process: the shards' builds, the windows' chunks'
+        bytes and the node's locks go to it (:mod:`zstore.read._fill_process`), which
+        fetches the shards' other chunks itself; until a shard is in, this process's
+        reads take those chunks from ``fill_chunks``.  Where the helper does not take
+        them, nothing is queued and the locks stay in ``locks``."""
+        decode_locks = self.tiers.decode_locks
+        assert decode_locks is not None
+        chunks_of = {key: self._shard_chunks(layout, s) for layout, s, _, key in todo}
+        indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
+        nbytes = sum(len(data) for _, data in raw if data is not None)
+        self.fill_chunks.add(window, raw)
+        shards = [(layout, s, key, locks[key]) for layout, s, _, key in todo]
+        if helper.submit(
+            shards, have, indexes, nbytes, lambda key: self.fill_chunks.drop(chunks_of[key])
+        ):
+            for key in chunks_of:  # the helper holds them now, through its own copies
+                decode_locks.release(locks.pop(key))
+        else:
+            self.fill_chunks.drop(window)
 
     def _finish_builds(
         self,

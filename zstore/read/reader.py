@@ -112,6 +112,9 @@ class WindowReader(ReaderSetup):
         if not self.writes.wait(timeout):
             return False
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
+        if self.fill_process is not None and not self.fill_process.wait(left):
+            return False
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
         return self.behind.wait(left)
 
     def _trim(self) -> None:

@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 
 import h5py
 import numpy as np
@@ -294,3 +295,25 @@ def test_auto_fills_in_a_process_for_packed_items_only(utterances, small_store, 
         ),
     ).reader.open()
     assert long.fill_process is None
+
+
+def test_a_fill_process_that_cannot_start_leaves_the_fills_to_the_thread(
+    utterances, tmp_path, monkeypatch, caplog
+):
+    store, source, _ = utterances
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # an interpreter that fails at once
+    cfg = _config(tmp_path, "process")
+    ds = _dataset(store, cfg)
+    ds[0]
+    with caplog.at_level(logging.WARNING, logger="zstore"):
+        assert not ds.reader.fill_process.started(120)
+    assert any(
+        "fill process" in r.getMessage() and "exit code 1" in r.getMessage() for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    loader = zstore.WindowLoader(ds, batch_size=32, shuffle=True)
+    assert sum(_check_batch(b, source) for b in loader) == len(ds)
+    assert ds.reader.settle(120)
+    before = zstore.cache_stats(cfg)["ram"]["misses"]
+    loader.set_epoch(1)
+    assert sum(_check_batch(b, source) for b in loader) == len(ds)
+    assert zstore.cache_stats(cfg)["ram"]["misses"] == before

@@ -113,6 +113,14 @@ def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     try:
         serve(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the reading process has gone (a short job can end before this one starts)
+    except Exception as e:  # said to the reading process, which logs it and fills itself
+        try:
+            send(sock, ("unfit", f"it failed ({type(e).__name__}: {e})"))
+        except OSError:
+            pass
+        sys.exit(1)
     finally:
         sock.close()
 

@@ -155,6 +155,8 @@ class FillProcess:
             )
 
     def _start(self) -> None:
+        """Start the helper (~0.5 ms here: ``subprocess`` uses vfork; the helper's
+        imports and opening run in it, at the lowest priority)."""
         with self._lock:  # one thread starts it
             if self._state != "new":
                 return
@@ -278,7 +280,6 @@ class FillProcess:
         this process's thread."""
         if self._state != "over":
             self._state = "over"
-            self._answered.set()
             _OPEN.discard(self)
             if self._sock is not None:
                 self._sock.close()
@@ -300,6 +301,7 @@ class FillProcess:
         with self._lock:
             keys = list(self.pending)
         self._settle(keys)
+        self._answered.set()  # after the warning: whoever waits for the answer sees it
 
     def started(self, timeout: float | None = None) -> bool:
         """Start the helper if need be and wait for its answer: whether it takes fills."""

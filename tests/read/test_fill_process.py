@@ -8,14 +8,17 @@ float audio (not int16 values), each with a transcript and a speaker attribute."
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import signal
+import subprocess
 import sys
 
 import h5py
 import numpy as np
+import psutil
 import pytest
 
 import zstore
@@ -317,3 +320,47 @@ def test_a_fill_process_that_cannot_start_leaves_the_fills_to_the_thread(
     loader.set_epoch(1)
     assert sum(_check_batch(b, source) for b in loader) == len(ds)
     assert zstore.cache_stats(cfg)["ram"]["misses"] == before
+
+
+_KILLED_PARENT = """
+import os, sys, warnings
+warnings.simplefilter("ignore")
+import zstore
+cfg = zstore.CacheConfig(ram_dir=sys.argv[2], ram_bytes="256MB", ssd_dir=None, fills="process")
+ds = zstore.WindowDataset(sys.argv[1], window_seconds=0.25, cache=cfg, seed=3)
+ds[0]
+helper = ds.reader.fill_process
+assert helper.started(120)
+r, w = os.pipe()
+child = os.fork()
+if child == 0:  # a DataLoader worker's stand-in: it lives until the test closes stdin
+    os.close(w)
+    sys.stdin.read()
+    os._exit(0)
+print(helper.pid, child, flush=True)
+sys.stdin.read()  # killed here
+"""
+
+
+def test_a_killed_reader_with_forked_children_does_not_leave_its_fill_process(utterances, tmp_path):
+    """A reading process killed (no finalizer runs) while children it forked live: they
+    closed their copies of its socket at the fork, so the helper sees its end and exits."""
+    store, _, _ = utterances
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_PARENT, str(store), str(tmp_path / "ram")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        helper_pid, child_pid = map(int, parent.stdout.readline().split())
+        helper, child = psutil.Process(helper_pid), psutil.Process(child_pid)
+        parent.kill()
+        parent.wait(120)
+        helper.wait(120)  # psutil.TimeoutExpired if it waits for a reader that is gone
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        parent.stdin.close()
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(child_pid).wait(120)

@@ -70,6 +70,14 @@ def _check_batch(batch, source) -> int:
     return n
 
 
+def _epoch_of_hits(loader, ds, cfg, source, epoch: int) -> None:
+    """Epoch ``epoch`` reads the source's windows, every one from the RAM tier."""
+    before = zstore.cache_stats(cfg)["ram"]["misses"]
+    loader.set_epoch(epoch)
+    assert sum(_check_batch(b, source) for b in loader) == len(ds)
+    assert zstore.cache_stats(cfg)["ram"]["misses"] == before
+
+
 def _dataset(store, cache) -> zstore.WindowDataset:
     return zstore.WindowDataset(
         store, window_seconds=WINDOW, cache=cache, seed=3, attrs=["text", "speaker"]
@@ -124,10 +132,7 @@ def test_the_fill_process_builds_the_shards_and_the_windows_are_the_sources(
     assert helper.built + first == shards
     assert stats["ram"]["fills"] >= shards  # and the batch records of the attributes
     # a third epoch is served from the tier the helper filled
-    before = zstore.cache_stats(cfg)["ram"]["misses"]
-    loader.set_epoch(2)
-    assert sum(_check_batch(b, source) for b in loader) == len(ds)
-    assert zstore.cache_stats(cfg)["ram"]["misses"] == before
+    _epoch_of_hits(loader, ds, cfg, source, 2)
 
 
 def test_the_node_lock_of_a_shard_is_held_until_the_fill_process_has_built_it(utterances, tmp_path):
@@ -201,10 +206,7 @@ def test_a_killed_fill_process_leaves_the_reads_right_and_the_fills_to_the_threa
     loader.set_epoch(1)
     assert sum(_check_batch(b, source) for b in loader) == len(ds)
     assert ds.reader.settle(120)
-    before = zstore.cache_stats(cfg)["ram"]["misses"]
-    loader.set_epoch(2)
-    assert sum(_check_batch(b, source) for b in loader) == len(ds)
-    assert zstore.cache_stats(cfg)["ram"]["misses"] == before
+    _epoch_of_hits(loader, ds, cfg, source, 2)
 
 
 def test_the_fill_process_ends_with_its_reader(utterances, tmp_path):
@@ -316,10 +318,7 @@ def test_a_fill_process_that_cannot_start_leaves_the_fills_to_the_thread(
     loader = zstore.WindowLoader(ds, batch_size=32, shuffle=True)
     assert sum(_check_batch(b, source) for b in loader) == len(ds)
     assert ds.reader.settle(120)
-    before = zstore.cache_stats(cfg)["ram"]["misses"]
-    loader.set_epoch(1)
-    assert sum(_check_batch(b, source) for b in loader) == len(ds)
-    assert zstore.cache_stats(cfg)["ram"]["misses"] == before
+    _epoch_of_hits(loader, ds, cfg, source, 1)
 
 
 _KILLED_PARENT = """

@@ -103,6 +103,12 @@ def _read(path: str) -> np.ndarray:
     return counts
 
 
+def _pid(name: str) -> int | None:
+    """The process a counter file ``<pid>-<random>.bin`` belongs to; None for others."""
+    pid = name.split("-", 1)[0]
+    return int(pid) if name.endswith(".bin") and pid.isdigit() else None
+
+
 def fold(directory: str) -> None:
     """Add the counters of exited processes to ``total.bin`` and remove their files."""
     lock_path = os.path.join(directory, "lock")
@@ -112,8 +118,8 @@ def fold(directory: str) -> None:
         total = _read(total_path)
         dead = []
         for name in os.listdir(directory):
-            pid = name.split("-", 1)[0]
-            if name.endswith(".bin") and pid.isdigit() and not alive(int(pid)):
+            pid = _pid(name)
+            if pid is not None and not alive(pid):
                 total += _read(os.path.join(directory, name))
                 dead.append(name)
         if dead:
@@ -134,9 +140,9 @@ def live_processes(directory: str | None) -> set[int]:
     except OSError:
         return pids
     for name in names:
-        pid = name.split("-", 1)[0]
-        if name.endswith(".bin") and pid.isdigit() and alive(int(pid)):
-            pids.add(int(pid))
+        pid = _pid(name)
+        if pid is not None and alive(pid):
+            pids.add(pid)
     return pids
 
 
@@ -147,10 +153,10 @@ def _sum(directory: str | None, live_only: bool = False) -> np.ndarray:
     counts = np.zeros(_SLOTS, dtype=np.int64)
     if directory and os.path.isdir(directory):
         for name in os.listdir(directory):
-            pid = name.split("-", 1)[0]
             if not name.endswith(".bin"):
                 continue
-            if live_only and not (pid.isdigit() and alive(int(pid))):
+            pid = _pid(name)
+            if live_only and not (pid is not None and alive(pid)):
                 continue
             counts += _read(os.path.join(directory, name))
     return counts

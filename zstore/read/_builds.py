@@ -71,6 +71,15 @@ MAX_WRITE_BYTES = 128 * 2**20
 MAX_AT_HAND_BYTES = 256 * 2**20
 
 
+def room(pending: int, pending_bytes: int, n: int, nbytes: int, max_bytes: int) -> bool:
+    """Whether a queue of fills holding ``pending`` shards and ``pending_bytes`` takes
+    ``n`` more holding ``nbytes``: MAX_PENDING shards, ``max_bytes`` (one job always,
+    when none is pending)."""
+    return pending + n <= MAX_PENDING and (
+        nbytes == 0 or not pending or pending_bytes + nbytes <= max_bytes
+    )
+
+
 class ByteBudget:
     """Bytes taken and given back by several threads, never more than ``limit`` at once
     (one taking is always allowed when none is out)."""
@@ -275,9 +284,7 @@ class BehindBuilds:
             return self._room(n, nbytes)
 
     def _room(self, n: int, nbytes: int) -> bool:
-        return len(self.pending) + n <= MAX_PENDING and (
-            nbytes == 0 or not self.pending or self.pending_bytes + nbytes <= self.max_bytes
-        )
+        return room(len(self.pending), self.pending_bytes, n, nbytes, self.max_bytes)
 
     def submit(
         self, key: str | list[str], build: Callable[[Callable[[str], None]], None], nbytes: int = 0

@@ -46,7 +46,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from zstore.read._builds import MAX_PENDING, MAX_PENDING_BYTES
+from zstore.read._builds import MAX_PENDING_BYTES, room
 from zstore.read._fill_messages import receive, send
 
 log = logging.getLogger("zstore")
@@ -135,9 +135,6 @@ class FillProcess:
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def __contains__(self, key: str) -> bool:
-        return key in self.pending
-
     def ready(self) -> bool:
         """Whether fills can go to the helper now (starting it on the first ask once the
         reader's builds are released: by then the node's other processes have read)."""
@@ -150,9 +147,7 @@ class FillProcess:
 
     def has_room(self, n: int = 1, nbytes: int = 0) -> bool:
         with self._lock:
-            return len(self.pending) + n <= MAX_PENDING and (
-                nbytes == 0 or not self.pending or self.pending_bytes + nbytes <= MAX_PENDING_BYTES
-            )
+            return room(len(self.pending), self.pending_bytes, n, nbytes, MAX_PENDING_BYTES)
 
     def _start(self) -> None:
         """Start the helper (~0.5 ms here: ``subprocess`` uses vfork; the helper's
@@ -226,8 +221,7 @@ class FillProcess:
         try:
             with self._send:
                 send(self._sock, job, fds)  # type: ignore[arg-type]
-        except OSError as e:
-            self._settle(keys)
+        except OSError as e:  # its shards, these among them, are settled there
             self._over(f"it stopped taking fills ({e})")
             return False
         return True

@@ -53,14 +53,6 @@ def _receive_all(sock: socket.socket, form: Any, jobs: queue.Queue[Any]) -> None
     jobs.put(None)
 
 
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
 def serve(sock: socket.socket) -> None:
     first = receive(sock)
     if first is None:
@@ -103,10 +95,8 @@ def serve(sock: socket.socket) -> None:
                 later,
                 lambda key: reply(("done", key)),
             )
-        except Exception as e:  # its shards stay out; reads of them go to their chunks
+        except Exception as e:  # its shards stay out (their locks released there)
             reply(("failed", [key for *_, key, _ in shards], f"{type(e).__name__}: {e}"))
-        finally:
-            _close(fds[at:])  # none: each was a shard's
 
 
 def main() -> None:

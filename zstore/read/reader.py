@@ -108,14 +108,12 @@ class WindowReader(ReaderSetup):
         if self._pid != os.getpid():
             return True
         self.hold.release()
-        t0 = time.monotonic()
-        if not self.writes.wait(timeout):
-            return False
-        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
-        if self.fill_process is not None and not self.fill_process.wait(left):
-            return False
-        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
-        return self.behind.wait(left)
+        end = None if timeout is None else time.monotonic() + timeout
+        for queue in (self.writes, self.fill_process, self.behind):
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if queue is not None and not queue.wait(left):
+                return False
+        return True
 
     def _trim(self) -> None:
         """Hand the heap back once the windows read as chunks since the last time have

@@ -239,7 +239,8 @@ def test_corrupt_shards_in_ram_are_dropped_and_rebuilt(small_store, tmp_path, ra
     )
     item = sorted(root.group_keys())[2]
     spans = {"wav": Span(8000, 40000), "act": Span(50, 250)}
-    first = WindowReader(small_store, cache=cfg)
+    first = WindowReader(small_store, cache=cfg).open()
+    first.start_builds()  # past its first read, which asks for no build
     first.read(item, spans)
     assert first.settle(timeout=120)  # its shards, filled behind the read, are in
     flipped = 0
@@ -269,7 +270,8 @@ def test_encoded_ram_hits_are_one_lookup_per_shard_per_process(small_store, tmp_
     )
     root = zarr.open_group(small_store, mode="r")
     item = sorted(root.group_keys())[4]
-    reader = WindowReader(small_store, cache=cfg)
+    reader = WindowReader(small_store, cache=cfg).open()
+    reader.start_builds()  # past its first read, which asks for no fill
     spans = {"wav": Span(16000, 64000), "act": Span(100, 400)}
     reader.read(item, spans)  # fills the encoded shards behind the read
     assert reader.settle(timeout=120)

@@ -743,3 +743,28 @@ def test_a_thread_never_sees_a_tier_half_opened(tmp_path, monkeypatch):
     assert tier.put("a", b"hello")
     assert seen == [True]
     assert tier.get("a") == b"hello" and tier.get("b") == b"from the other thread"
+
+
+def test_the_keys_a_tier_lacks_are_found_in_one_query_and_counted_as_misses(tmp_path):
+    """``Tier.lacks`` answers for many keys at once (past SQLite's 500 parameters) and
+    counts nothing; ``MappedValues.absent`` leaves out what the process has mapped and
+    counts each key it returns as ``get`` counts a miss.  A batch's first touches of
+    ~60 shards were ~60 lookups, each its own SQLite round."""
+    from zstore.read._maps import MappedValues
+
+    cfg = zstore.CacheConfig(ram_dir=tmp_path / "ram", ram_bytes="4MB", ssd_dir=None)
+    cache = TieredCache(cfg.resolved(), "n")
+    tier = cache.ram
+    assert tier is not None
+    for key in ("a", "b"):
+        assert tier.put(key, key.encode() * 100)
+    keys = ["a", "b", "c", *(f"m{i}" for i in range(700))]
+    assert tier.lacks(keys) == set(keys) - {"a", "b"}
+    assert cache_stats(cfg)["ram"]["misses"] == 0
+
+    values = MappedValues(tier)
+    assert values.get("a", lambda checked: bytes(checked.payload)) is not None  # mapped
+    misses = cache_stats(cfg)["ram"]["misses"]
+    assert values.absent(keys) == set(keys) - {"a", "b"}
+    assert cache_stats(cfg)["ram"]["misses"] == misses + len(keys) - 2
+    assert values.absent(["a"]) == set()  # mapped: not asked of the tier at all

@@ -277,6 +277,7 @@ def test_decoded_ram_tier_builds_whole_shards_once(small_store, tmp_path, monkey
     fs = ModelledFileSystem(latency=0.05)  # requests overlap, even on a loaded machine
     cfg = config(tmp_path, "decoded-ram", fetch="range")
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    reader.start_builds()  # past its first read, which asks for no build
     root = zarr.open_group(small_store, mode="r")
     wav, act = root["utt000005/wav"], root["utt000005/act"]
     fs.reset_counts()
@@ -309,7 +310,8 @@ def test_corrupt_decoded_shards_are_dropped_and_rebuilt(small_store, tmp_path):
     root = zarr.open_group(small_store, mode="r")
     item = "utt000001"
     wav = root[f"{item}/wav"]
-    first = WindowReader(small_store, cache=cfg)
+    first = WindowReader(small_store, cache=cfg).open()
+    first.start_builds()  # past its first read, which asks for no build
     first.read(item, {"wav": Span(0, wav.shape[1])})
     assert first.settle(timeout=120)  # its shard, filled behind the read, is in
     shards = [f for f in (tmp_path / "ram").rglob("*.val") if f.stat().st_size > 100_000]

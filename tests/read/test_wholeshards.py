@@ -244,6 +244,7 @@ def test_whole_shard_writes_do_not_hold_up_the_ram_fills(small_store, tmp_path, 
     item = "utt000001"
     wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
     reader = WindowReader(small_store, cache=cfg).open()
+    reader.start_builds()  # past its first read, which asks for no RAM fill
     try:
         got = reader.read(item, {"wav": Span(0, 16000)})["wav"]
         assert started.wait(120)
@@ -323,6 +324,7 @@ def test_an_encoded_first_read_fetches_each_shard_whole_once(small_store, tmp_pa
     fs = ModelledFileSystem()
     cfg = ram_and_ssd(tmp_path, ram_format="encoded", ssd_bytes="256MB")
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    reader.start_builds()  # past its first read, which asks no admission
     item = "utt000002"
     objects = [f"{small_store}/{item}/{name}/c/0/0" for name in ("wav", "act")]
     fs.reset_counts()
@@ -365,6 +367,7 @@ def test_a_ram_fill_takes_a_shard_fetched_whole_from_memory(
     wav = zarr.open_group(small_store, mode="r")[f"{item}/wav"]
     fs = ModelledFileSystem()
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    reader.start_builds()  # past its first read, which asks for no RAM fill
     budget = reader.form.at_hand
     if not room:
         budget.used = budget.limit  # other fills hold all of it
@@ -408,6 +411,7 @@ def test_a_windows_chunks_in_a_shard_held_whole_are_not_counted_twice(small_stor
     items = sorted(root.group_keys())[:3]
     fs = ModelledFileSystem()
     reader = WindowReader(small_store, cache=cfg, origin_fs=fs).open()
+    reader.start_builds()  # past its first read, which asks for no RAM fill
     behind = reader.form.behind
     behind.max_bytes = 1  # a queued fill's window bytes, counted, would leave no room
     fs.reset_counts()

@@ -42,16 +42,8 @@ class TierReads(TierPart):
         if count_miss:
             for key in keys:
                 self.touch(key)
-        files: dict[str, str] = {}
         try:
-            for start in range(0, len(keys), 500):  # SQLite's bound-parameter limit
-                part = keys[start : start + 500]
-                rows = cache._sql(
-                    "SELECT key, filename FROM Cache WHERE raw = 1 AND key IN (%s)"
-                    % ",".join("?" * len(part)),
-                    part,
-                ).fetchall()
-                files.update({k: f for k, f in rows if f})
+            files = {k: f for k, f in _filenames(cache, keys).items() if f}
         except Exception as e:
             self._warn("read failed", e)
             return [None] * len(keys)
@@ -86,16 +78,18 @@ class TierReads(TierPart):
             self.stats.add(f"{self.name}_hit_bytes", hit_bytes)
         return out
 
-    def holds(self, key: str) -> bool:
-        """Whether the tier holds ``key`` now (nothing counted, nothing read)."""
+    def lacks(self, keys: list[str]) -> set[str]:
+        """Those of ``keys`` the tier does not hold now: one index query for all of them
+        (nothing counted, nothing read).  Empty when the tier is down or the query fails:
+        the caller then looks each key up as before."""
         cache = self._open()
-        if cache is None:
-            return False
+        if cache is None or not keys:
+            return set()
         try:
-            return key in cache
+            return set(keys) - _filenames(cache, keys).keys()
         except Exception as e:
             self._warn("lookup failed", e)
-            return False
+            return set()
 
     def get_mapped(self, key: str, *, count_miss: bool = True) -> tuple[Checked, str, int] | None:
         """Map ``key``'s value read-only: (checked payload, file path, inode), or None.
@@ -198,6 +192,21 @@ class TierReads(TierPart):
         """:meth:`touch` of each of ``keys``."""
         if self.sketch is not None:
             self.sketch.touch_many(keys)
+
+
+def _filenames(cache: diskcache.Cache, keys: list[str]) -> dict[str, str | None]:
+    """The value file of each of ``keys`` the tier's index holds (None: a value kept in
+    the index itself), by one query per 500 keys (SQLite's bound-parameter limit)."""
+    files: dict[str, str | None] = {}
+    for start in range(0, len(keys), 500):
+        part = keys[start : start + 500]
+        rows = cache._sql(
+            "SELECT key, filename FROM Cache WHERE raw = 1 AND key IN (%s)"
+            % ",".join("?" * len(part)),
+            part,
+        ).fetchall()
+        files.update(rows)
+    return files
 
 
 def read_value(path: str, into: Callable[[int], memoryview | None] | None) -> Any:

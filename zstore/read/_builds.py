@@ -22,13 +22,16 @@ Three kinds of build go there:
   then the process reads it from memory (``zstore.read._ssd_shards``).
 
 A build runs on a core the reading process leaves idle, or (all cores busy) costs what
-it cost before.  A process's builds wait for its first read to be served (``held``): the
-first batch of a fresh job is read with no fill beside it (one rank on a cold NFS-like
-origin: 1.22x of no tiers' time to the first batch with the fills started at once,
-1.05x held; docs/benchmarks-notes.md), and for the node's other first reads, for
-HOLD_AT_MOST seconds at most, on a timer: held work keeps the node's locks for its
-shards, and a process that stops reading (a rank in an allreduce) must not keep them
-from the reads that wait for them.  The queue is bounded in shards and in bytes
+it cost before.  A process's work behind the reads waits for its first read to be
+served (``held``): the first batch of a fresh job is read with no fill beside it (one
+rank on a cold NFS-like origin: 1.22x of no tiers' time to the first batch with the
+fills started at once, 1.05x held; docs/benchmarks-notes.md), and for the node's other
+first reads, for HOLD_AT_MOST seconds at most, on a timer: held work keeps the node's
+locks for its shards, and a process that stops reading (a rank in an allreduce) must
+not keep them from the reads that wait for them.  The form the reads fill (``chunks``)
+writes nothing while held, and a form of whole shards asks for no fill during the
+process's own first read (``ShardForm._decide``): those reads cost what they cost with
+no tier, and their shards are filled when read again.  The queue is bounded in shards and in bytes
 handed over; past that a shard is read from its chunks and asked for again on its next
 read, so the fill never waits in front of a read.
 """
@@ -178,6 +181,11 @@ class FirstReadHold:
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         _release_at_exit(self)
+
+    @property
+    def first_running(self) -> bool:
+        """Whether this process's first read is running (not served yet, nor released)."""
+        return self.holding and self._served is None
 
     def begin(self) -> None:
         """A read starts: the first one marks this process as starting."""

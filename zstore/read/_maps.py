@@ -135,6 +135,20 @@ class MappedValues:
             for (key, make_view), entry in zip(wanted, found)
         ]
 
+    def absent(self, keys: list[str]) -> set[str]:
+        """Those of ``keys`` neither mapped by this process nor in the tier now, found by
+        one index query, each counted as :meth:`get` counts a miss (an access and a
+        miss).  A batch's first touches of ~60 shards then cost one SQLite round, not
+        one each (docs/benchmarks-notes.md, "The first batch of packed items").  A key
+        another process puts in the tier just after is read as a miss would be: the
+        caller's later checks under the node's lock find it."""
+        unmapped = [key for key in keys if key not in self.maps]
+        lacking = self.tier.lacks(unmapped)
+        if lacking:
+            self.tier.touch_many(list(lacking))
+            self.tier.stats.add(f"{self.tier.name}_misses", len(lacking))
+        return lacking
+
     def discard(self, key: str) -> None:
         """Unmap a value found corrupt and drop it from the tier, so it is rebuilt; the
         drop is logged where every process looks, so they unmap it too (they may have

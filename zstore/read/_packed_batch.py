@@ -189,7 +189,7 @@ def _shard_arrays(
     shards = {(layout.path, s): (layout, s) for layout, s in wanted}
     keys = [form.key(layout, s) for layout, s in shards.values()]
     maps = form.values.maps
-    if not all(key in maps or form.ram.holds(key) for key in keys):
+    if form.ram.lacks([key for key in keys if key not in maps]):  # one index query
         return None
     mapped = form.values.get_many(
         [(key, form.view_of(layout, s)) for key, (layout, s) in zip(keys, shards.values())]

@@ -190,6 +190,8 @@ class ReaderSetup(ItemPlaces):
             self.values = MappedValues(self.tiers.ram)
             kind = FORMS[self.tiers.ram_format]
             self.form = kind(self.url, self.tiers, self.source, self.values, self.behind)
+            if isinstance(self.form, ShardForm):
+                self.form.first_reads = self.hold
         #: where this process's fills behind the reads run, if not in its thread
         self.fill_process: FillProcess | None = None
         if (

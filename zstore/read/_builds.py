@@ -31,9 +31,9 @@ locks for its shards, and a process that stops reading (a rank in an allreduce) 
 not keep them from the reads that wait for them.  The form the reads fill (``chunks``)
 writes nothing while held, and a form of whole shards asks for no fill during the
 process's own first read (``ShardForm._decide``): those reads cost what they cost with
-no tier, and their shards are filled when read again.  The queue is bounded in shards and in bytes
-handed over; past that a shard is read from its chunks and asked for again on its next
-read, so the fill never waits in front of a read.
+no tier, and their shards are filled when read again.  The queue is bounded in shards
+and in bytes handed over; past that a shard is read from its chunks and asked for again
+on its next read, so the fill never waits in front of a read.
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ class FirstReadHold:
 
     def begin(self) -> None:
         """A read starts: the first one marks this process as starting."""
-        if self.holding and self._served is None:
+        if self.first_running:
             self.marks.begin()
 
     def served(self) -> None:

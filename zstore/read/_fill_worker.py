@@ -41,10 +41,7 @@ def _receive_all(sock: socket.socket, form: Any, jobs: queue.Queue[Any]) -> None
             later = RestFetch()
             try:
                 rest, nbytes = form._rest_of(todo, have, indexes)
-                if rest and form.at_hand.take(nbytes):
-                    form.fill_chunks.fetch(rest, indexes, nbytes, later)  # sets it done
-                else:
-                    later.done.set()  # the build fetches them itself
+                form._fetch_rest(rest, nbytes, indexes, later)  # sets it done, now or later
             except Exception:
                 later.done.set()  # likewise
             jobs.put((todo, got, later))

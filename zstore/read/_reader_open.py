@@ -190,21 +190,19 @@ class ReaderSetup(ItemPlaces):
             self.values = MappedValues(self.tiers.ram)
             kind = FORMS[self.tiers.ram_format]
             self.form = kind(self.url, self.tiers, self.source, self.values, self.behind)
-            if isinstance(self.form, ShardForm):
-                self.form.first_reads = self.hold
         #: where this process's fills behind the reads run, if not in its thread
         self.fill_process: FillProcess | None = None
-        if (
-            isinstance(self.form, ShardForm)
-            and resolved
-            and fills_in_process(resolved.fills, packed=self.manifest.placement is not None)
-        ):
-            tiers = self.tiers
-            assert tiers is not None
-            self.fill_process = self.form.fill_process = FillProcess(
-                self, resolved.fills, tiers.live_processes
-            )
-            self.hold.builds.append(self.fill_process)  # type: ignore[arg-type]
+        if isinstance(self.form, ShardForm):
+            self.form.first_reads = self.hold
+            if resolved and fills_in_process(
+                resolved.fills, packed=self.manifest.placement is not None
+            ):
+                tiers = self.tiers
+                assert tiers is not None
+                self.fill_process = self.form.fill_process = FillProcess(
+                    self, resolved.fills, tiers.live_processes
+                )
+                self.hold.builds.append(self.fill_process)  # type: ignore[arg-type]
         self._lock = self.values.lock if self.values is not None else threading.Lock()
         self._group: Any = None
         #: small arrays stored whole that zarr reads (scalars: ~1 ms each), by path

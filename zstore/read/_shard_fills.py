@@ -155,9 +155,11 @@ class ShardFills(ShardBuilds):
         pieces = lazy_pieces(self.source, window, raw)
         held = {key: locks[key] for *_, key in todo}
         have = {(layout.path, k): r for (layout, k), r in zip(window, raw)}
+        # the shards' indexes the reader fetched: the fill does not fetch them again
+        indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
         helper = self._helper()
         if helper is not None and self.source.fetch != "shard":
-            self._hand_to_process(helper, todo, locks, window, raw, have)
+            self._hand_to_process(helper, todo, locks, window, raw, have, indexes)
             return pieces
         # The shards' other chunks this process holds fetched whole (their SSD write
         # queued) go with them, within MAX_AT_HAND_BYTES: the fill then does not read
@@ -180,8 +182,6 @@ class ShardFills(ShardBuilds):
             kept = self.source.keep_in_memory(objs)
         else:
             extra = inside = 0
-        # the shards' indexes the reader fetched: the fill does not fetch them again
-        indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
         rest, rest_bytes = self._rest_of(todo, have, indexes)
         later = RestFetch()
         build = partial(self._finish_builds, todo, have, held, indexes, (extra, kept), later)
@@ -191,15 +191,23 @@ class ShardFills(ShardBuilds):
         if self.behind.submit([key for *_, key in todo], build, nbytes):
             for key in held:
                 del locks[key]
-            if rest and self.at_hand.take(rest_bytes):
-                self.fill_chunks.fetch(rest, indexes, rest_bytes, later)  # sets it done
-            else:
-                later.done.set()  # the build fetches them itself
+            self._fetch_rest(rest, rest_bytes, indexes, later)
         else:
             self.fill_chunks.drop(window)
             self.at_hand.give(extra)
             self.source.let_go(kept)
         return pieces
+
+    def _fetch_rest(
+        self, rest: list[Chunk], nbytes: int, indexes: dict[str, np.ndarray], later: RestFetch
+    ) -> None:
+        """Fetch a queued fill's other chunks ``rest`` (``nbytes``, :meth:`_rest_of`)
+        behind the reads now, within the at-hand bytes, which sets ``later`` done;
+        else ``later`` is done at once and the build fetches them itself."""
+        if rest and self.at_hand.take(nbytes):
+            self.fill_chunks.fetch(rest, indexes, nbytes, later)
+        else:
+            later.done.set()
 
     def _hand_to_process(
         self,
@@ -209,6 +217,7 @@ class ShardFills(ShardBuilds):
         window: list[Chunk],
         raw: list[tuple[Any, Any]],
         have: dict[tuple[str, int], tuple[Any, Any]],
+        indexes: dict[str, np.ndarray],
     ) -> None:
         """:meth:`_hand_off` to the fill process: the shards' builds, the windows' chunks'
         bytes and the node's locks go to it (:mod:`zstore.read._fill_process`), which
@@ -218,7 +227,6 @@ class ShardFills(ShardBuilds):
         decode_locks = self.tiers.decode_locks
         assert decode_locks is not None
         chunks_of = {key: self._shard_chunks(layout, s) for layout, s, _, key in todo}
-        indexes = self.source.known_indexes([layout.object_key(s) for layout, s, _, _ in todo])
         nbytes = sum(len(data) for _, data in raw if data is not None)
         self.fill_chunks.add(window, raw)
         shards = [(layout, s, key, locks[key]) for layout, s, _, key in todo]

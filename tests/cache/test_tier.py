@@ -745,7 +745,7 @@ def test_a_thread_never_sees_a_tier_half_opened(tmp_path, monkeypatch):
     assert tier.get("a") == b"hello" and tier.get("b") == b"from the other thread"
 
 
-def test_the_keys_a_tier_lacks_are_found_in_one_query_and_counted_as_misses(tmp_path):
+def test_the_keys_a_tier_lacks_are_found_in_one_query_and_counted_as_misses(tmp_path, monkeypatch):
     """``Tier.lacks`` answers for many keys at once (past SQLite's 500 parameters) and
     counts nothing; ``MappedValues.absent`` leaves out what the process has mapped and
     counts each key it returns as ``get`` counts a miss.  A batch's first touches of
@@ -768,3 +768,9 @@ def test_the_keys_a_tier_lacks_are_found_in_one_query_and_counted_as_misses(tmp_
     assert values.absent(keys) == set(keys) - {"a", "b"}
     assert cache_stats(cfg)["ram"]["misses"] == misses + len(keys) - 2
     assert values.absent(["a"]) == set()  # mapped: not asked of the tier at all
+
+    def opened() -> None:
+        raise AssertionError("the tier was opened for no keys")
+
+    monkeypatch.setattr(tier, "_open", opened)  # a warm batch asks the tier nothing
+    assert tier.lacks([]) == set() and values.absent(["a"]) == set()

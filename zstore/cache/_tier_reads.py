@@ -82,8 +82,10 @@ class TierReads(TierPart):
         """Those of ``keys`` the tier does not hold now: one index query for all of them
         (nothing counted, nothing read).  Empty when the tier is down or the query fails:
         the caller then looks each key up as before."""
+        if not keys:  # a warm batch: every shard mapped, nothing to ask
+            return set()
         cache = self._open()
-        if cache is None or not keys:
+        if cache is None:
             return set()
         try:
             return set(keys) - _filenames(cache, keys).keys()

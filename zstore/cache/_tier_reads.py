@@ -78,9 +78,10 @@ class TierReads(TierPart):
             self.stats.add(f"{self.name}_hit_bytes", hit_bytes)
         return out
 
-    def lacks(self, keys: list[str]) -> set[str]:
-        """Those of ``keys`` the tier does not hold now: one index query for all of them
-        (nothing counted, nothing read).  Empty when the tier is down or the query fails:
+    def lacks(self, keys: list[str], *, count_miss: bool = False) -> set[str]:
+        """Those of ``keys`` the tier does not hold now: one index query for all of them,
+        nothing read; ``count_miss``: each key returned counted as :meth:`get_many` counts
+        a miss (an access and a miss).  Empty when the tier is down or the query fails:
         the caller then looks each key up as before."""
         if not keys:  # a warm batch: every shard mapped, nothing to ask
             return set()
@@ -88,10 +89,14 @@ class TierReads(TierPart):
         if cache is None:
             return set()
         try:
-            return set(keys) - _filenames(cache, keys).keys()
+            lacking = set(keys) - _filenames(cache, keys).keys()
         except Exception as e:
             self._warn("lookup failed", e)
             return set()
+        if count_miss and lacking:
+            self.touch_many(list(lacking))
+            self.stats.add(f"{self.name}_misses", len(lacking))
+        return lacking
 
     def get_mapped(self, key: str, *, count_miss: bool = True) -> tuple[Checked, str, int] | None:
         """Map ``key``'s value read-only: (checked payload, file path, inode), or None.

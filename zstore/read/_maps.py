@@ -142,12 +142,7 @@ class MappedValues:
         one each (docs/benchmarks-notes.md, "The first batch of packed items").  A key
         another process puts in the tier just after is read as a miss would be: the
         caller's later checks under the node's lock find it."""
-        unmapped = [key for key in keys if key not in self.maps]
-        lacking = self.tier.lacks(unmapped)
-        if lacking:
-            self.tier.touch_many(list(lacking))
-            self.tier.stats.add(f"{self.tier.name}_misses", len(lacking))
-        return lacking
+        return self.tier.lacks([key for key in keys if key not in self.maps], count_miss=True)
 
     def discard(self, key: str) -> None:
         """Unmap a value found corrupt and drop it from the tier, so it is rebuilt; the

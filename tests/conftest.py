@@ -297,6 +297,25 @@ def s3():
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def s3_store(s3, small_h5):
+    """small_h5 converted onto the module's S3 endpoint."""
+    options, _ = s3
+    url = "s3://zstore-test/small.zarr"
+    report = zstore.convert(
+        small_h5,
+        url,
+        rates=RATES,
+        storage_options=options,
+        workers=2,
+        progress=False,
+        verify=True,
+        pack_seconds=0,  # as small_store (packed on S3: tests/convert/test_packed.py)
+    )
+    assert report.items == 6 and report.verified
+    return url
+
+
 def manifest_of(store):
     """The store's manifest, as readers see it, with the store's history (its sources,
     appended files, what was left out) in ``extra`` as the converter reads it."""

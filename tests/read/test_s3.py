@@ -7,31 +7,13 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, RATES, same_layout_sources, subprocess_env
+from conftest import PYTHON, same_layout_sources, subprocess_env
 
 import zstore
 from zstore.format.layout import Span
 from zstore.origin import Origin, RetryPolicy
 from zstore.read.reader import WindowReader
 from zstore.testing import ModelledFileSystem
-
-
-@pytest.fixture(scope="module")
-def s3_store(s3, small_h5):
-    options, _ = s3
-    url = "s3://zstore-test/small.zarr"
-    report = zstore.convert(
-        small_h5,
-        url,
-        rates=RATES,
-        storage_options=options,
-        workers=2,
-        progress=False,
-        verify=True,
-        pack_seconds=0,  # as small_store (packed on S3: tests/convert/test_packed.py)
-    )
-    assert report.items == 6 and report.verified
-    return url
 
 
 def test_reads_from_s3_send_no_head_requests(s3, s3_store, small_store):

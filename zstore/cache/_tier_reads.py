@@ -166,6 +166,22 @@ class TierReads(TierPart):
             return
         self._corrupt(cache, key, count_miss=False, ino=ino)
 
+    def remove(self, key: str) -> None:
+        """Remove ``key``'s value, superseded by a value of another form (``zstore cache
+        warm`` keeps a shard whole that the tier held as slots); logged in the eviction
+        ring, so every process unmaps it."""
+        cache = self._open()
+        if cache is None:
+            return
+        ino = self._current_ino(cache, key)
+        try:
+            cache.delete(key, retry=True)
+        except Exception as e:
+            self._warn("removing a value failed", e)
+            return
+        if ino:
+            self.evictions.record([ino])
+
     def _current_ino(self, cache: diskcache.Cache, key: str) -> int:
         try:
             handle = cache.get(key, default=None, read=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from zstore.format import ArrayLayout
 from zstore.origin import Request
+from zstore.read._ssd_slots import SlottedShards
 
 if TYPE_CHECKING:
     from zstore.errors import MissingDataError
@@ -21,6 +22,8 @@ class HeldChunks:
 
     if TYPE_CHECKING:
         complete: bool
+        url: str
+        slotted: SlottedShards | None
         whole: WholeShards | None
         whole_fetch: WholeFetch | None
 
@@ -74,6 +77,11 @@ class HeldChunks:
 
     def keep_whole(self, layout: ArrayLayout) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
-        one at a time; shards it holds already are left alone."""
-        if self.whole_fetch is not None:
-            self.whole_fetch.keep(layout)
+        one at a time; shards it holds already are left alone, and those it holds as
+        slots (a job's reads by ranges) are made whole from them."""
+        if self.whole_fetch is None or self.whole is None:
+            return
+        slotted = self.slotted  # the slotted values of another fetch mode's job too
+        if slotted is None:
+            slotted = SlottedShards(self.url, self.whole.tiers, self.whole.values, None)
+        self.whole_fetch.keep(layout, slotted)

@@ -84,6 +84,14 @@ class EncodedShard:
         self.index = index
         return index
 
+    def index_bytes(self) -> memoryview | None:
+        """The shard index's bytes as the origin holds them, from its slot (None when
+        it is not written, or fails its check)."""
+        nbytes = self.layout.index_bytes
+        if not self.slots.has(self.layout.chunks_per_shard, [(self._index_at, nbytes)]):
+            return None
+        return self.slots.data[self._index_at : self._index_at + nbytes]
+
     def write_index(self, data: bytes | memoryview) -> bool:
         """Write the shard index's slot (its bytes as the origin holds them)."""
         view = memoryview(data).cast("B")
@@ -149,7 +157,7 @@ class SlottedShards:
             shard = self.mapped(obj, layout)
             if shard is None:
                 continue
-            index = shard.index if shard.index is not None else shard.read_index(self._where(obj))
+            index = shard.index if shard.index is not None else shard.read_index(self.where(obj))
             if index is not None:
                 found[obj] = index
         return found
@@ -205,7 +213,15 @@ class SlottedShards:
             self.tiers.stats.add("ssd_fills")
             self.tiers.stats.add("ssd_fill_bytes", len(data))
 
-    def _where(self, obj: str) -> str:
+    def drop(self, obj: str) -> None:
+        """Remove shard object ``obj``'s slotted value (``zstore cache warm`` keeps the
+        object whole in its place)."""
+        key = self.tiers.key(f"{obj}{SUFFIX}")
+        with self.values.lock:
+            self.values.maps.pop(key, None)
+        self.ssd.remove(key)
+
+    def where(self, obj: str) -> str:
         return f"{self.url}: {obj} (shard index in the SSD tier)"
 
 

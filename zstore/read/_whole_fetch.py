@@ -23,6 +23,8 @@ from zstore.errors import MissingDataError
 from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.origin import Request
 from zstore.read._ssd_shards import Held, Wanted, WholeShards
+from zstore.read._ssd_slots import SlottedShards
+from zstore.read._warm_slots import whole_from_slots
 
 
 class Pending:
@@ -92,10 +94,12 @@ class WholeFetch:
         with stack:
             return self.fetch(todo, locks)
 
-    def keep(self, layout: ArrayLayout) -> None:
+    def keep(self, layout: ArrayLayout, slotted: SlottedShards) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
         one at a time, waiting for another process's fetch of it; shards it holds
-        already are left alone."""
+        already are left alone.  A shard it holds as slots (``slotted``: a job's reads
+        by ranges) is made whole from them and the ranges they lack, and its slotted
+        value removed (:mod:`zstore.read._warm_slots`)."""
         if not layout.sharded:
             return
         for s in range(-(-layout.length // layout.shard)):
@@ -103,7 +107,18 @@ class WholeFetch:
             if self.whole.held_many({obj: (layout, [])}):
                 continue
             with self.whole.locked([obj]):
-                self.fetch({obj: (layout, [])}, {})
+                if self.whole.held_many({obj: (layout, [])}, again=True):
+                    continue
+                shard = slotted.mapped(obj, layout)
+                data = None
+                if shard is not None:
+                    data = whole_from_slots(shard, obj, self.read, slotted.where(obj))
+                if data is not None:
+                    self.whole.put(obj, memoryview(data))
+                else:
+                    self.fetch({obj: (layout, [])}, {})
+                if shard is not None and self.whole.held_many({obj: (layout, [])}, again=True):
+                    slotted.drop(obj)
 
     def fetch(self, todo: Wanted, locks: dict[str, list[int]]) -> dict[str, Held]:
         """Fetch shard objects whole (one concurrent origin round) into the SSD tier,

@@ -1,0 +1,87 @@
+"""``zstore cache warm`` after a job whose reads filled the SSD tier by ranges (its
+slotted shard objects, ``fetch="slots"``): each object is made whole from the slots and
+only the ranges they lack, over a real S3 endpoint, not downloaded again."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+import zstore
+from zstore.format.layout import Span
+from zstore.read.reader import WindowReader
+
+
+def tier_values(directory):
+    with sqlite3.connect(directory / "cache.db") as db:
+        return dict(db.execute("SELECT key, filename FROM Cache"))
+
+
+def shard_gets(counter, since, item):
+    """GETs of ``item``'s shard objects since request numbers ``since``: (of ranges, of
+    whole objects: s3fs asks for ``bytes=0-``)."""
+    ranges = [r for path, r in counter.ranges[since[1] :] if f"/{item}/" in path and "/c/" in path]
+    gets = sum(
+        1 for m, p in counter.requests[since[0] :] if m == "GET" and f"/{item}/" in p and "/c/" in p
+    )
+    ranged = sum(1 for r in ranges if r != "bytes=0-")
+    return ranged, gets - ranged
+
+
+def test_warm_makes_slotted_shards_whole_from_their_slots(s3, s3_store, small_store, tmp_path):
+    options, counter = s3
+    cache = zstore.CacheConfig(
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes="64MB", fetch="slots"
+    )
+    root = zarr.open_group(small_store, mode="r")
+    items = sorted(root.group_keys(), key=lambda i: root[f"{i}/wav"].shape[-1])
+    full, part, none = items[:3], items[-1], items[3:5]  # the longest is read in part
+    job = WindowReader(s3_store, cache=cache, storage_options=options).open()
+    assert job.fetch == "slots"
+
+    def read(item, share=1.0):
+        n = root[f"{item}/act"].shape[-1]
+        return job.read(
+            item, {"act": Span(0, int(n * share)), "wav": Span(0, int(n * share) * 160)}
+        )
+
+    read(full[0])  # a fresh job's first read writes nothing into the tier
+    for item in full:
+        read(item)
+    read(part, 0.8)
+    values = tier_values(tmp_path / "ssd")
+    assert values and all(k.endswith("#F") for k in values)
+    # one chunk of a slotted value damaged on the device: fetched again, not copied
+    damaged = next(f for k, f in values.items() if f"/{full[0]}/wav/" in k)
+    path = tmp_path / "ssd" / damaged
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+    since = (len(counter.requests), len(counter.ranges))
+    done = zstore.warm(s3_store, cache=cache, storage_options=options, progress=False)
+    assert done["items"] == len(items)
+    assert shard_gets(counter, since, full[1]) == (0, 0)  # every chunk was in the tier
+    assert shard_gets(counter, since, full[2]) == (0, 0)
+    assert shard_gets(counter, since, full[0]) == (1, 0)  # the damaged chunk, as a range
+    ranged, whole = shard_gets(counter, since, part)
+    assert ranged >= 1 and whole == 0  # only the chunks its last fifth lacks
+    for item in none:
+        assert shard_gets(counter, since, item) == (0, 2)  # wav and act, each whole
+
+    # The tier holds each object once, whole; the slotted values are gone.
+    values = tier_values(tmp_path / "ssd")
+    assert len(values) == 2 * len(items) and all(k.endswith("#W") for k in values)
+    stored = sum(f.stat().st_size for f in Path(small_store).rglob("*") if "/c/" in str(f))
+    assert zstore.cache_stats(cache)["ssd"]["bytes_on_disk"] < 1.2 * stored
+
+    # Another job reads every item whole from the tier: the stored values, no chunk GET.
+    before = counter.chunk_gets()
+    reader = WindowReader(s3_store, cache=cache, storage_options=options).open()
+    for item in items:
+        got = reader.read(item, {"wav": Span(0, root[f"{item}/wav"].shape[-1])})["wav"]
+        np.testing.assert_array_equal(got, root[f"{item}/wav"][...])
+    assert counter.chunk_gets() == before

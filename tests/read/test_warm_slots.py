@@ -4,13 +4,17 @@ only the ranges they lack, over a real S3 endpoint, not downloaded again."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import zarr
+from conftest import PYTHON, subprocess_env
 
 import zstore
+from zstore.cache import mark_stats
 from zstore.format.layout import Span
 from zstore.read.reader import WindowReader
 
@@ -84,4 +88,47 @@ def test_warm_makes_slotted_shards_whole_from_their_slots(s3, s3_store, small_st
     for item in items:
         got = reader.read(item, {"wav": Span(0, root[f"{item}/wav"].shape[-1])})["wav"]
         np.testing.assert_array_equal(got, root[f"{item}/wav"][...])
+    assert counter.chunk_gets() == before
+
+
+def test_two_warms_at_once_make_each_shard_whole_once(s3, s3_store, small_store, tmp_path):
+    """Two ``zstore cache warm`` processes on one node's slotted SSD tier (a warm run on
+    each rank by mistake): each shard is made whole once, from its slots, under the
+    node's lock for it, and no chunk is fetched."""
+    options, counter = s3
+    cache = zstore.CacheConfig(
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes="64MB", fetch="slots"
+    )
+    root = zarr.open_group(small_store, mode="r")
+    items = sorted(root.group_keys())
+    job = WindowReader(s3_store, cache=cache, storage_options=options).open()
+    for item in [items[0], *items]:  # the first read writes nothing
+        n = root[f"{item}/act"].shape[-1]
+        job.read(item, {"act": Span(0, n), "wav": Span(0, n * 160)})
+    assert len(tier_values(tmp_path / "ssd")) == 2 * len(items)
+    mark_stats(cache)
+
+    code = (
+        "import json, sys, zstore;"
+        f"c = zstore.CacheConfig(ram_dir=None, ram_bytes=0, ssd_dir={str(tmp_path / 'ssd')!r},"
+        " ssd_bytes='64MB', fetch='slots');"
+        f"zstore.warm({s3_store!r}, cache=c, progress=False, workers=2,"
+        f" storage_options=json.loads({json.dumps(json.dumps(options))}))"
+    )
+    before = counter.chunk_gets()
+    procs = [
+        subprocess.Popen([PYTHON, "-c", code], env=subprocess_env(), stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()
+    assert counter.chunk_gets() == before
+    values = tier_values(tmp_path / "ssd")
+    assert len(values) == 2 * len(items) and all(k.endswith("#W") for k in values)
+    assert zstore.cache_stats(cache)["since_mark"]["ssd"]["fills"] == 2 * len(items)
+    reader = WindowReader(s3_store, cache=cache, storage_options=options).open()
+    for item in items:
+        got = reader.read(item, {"act": Span(0, root[f"{item}/act"].shape[-1])})["act"]
+        np.testing.assert_array_equal(got, root[f"{item}/act"][...])
     assert counter.chunk_gets() == before

@@ -176,16 +176,32 @@ def test_two_processes_fill_the_same_slots_at_once(tmp_path):
     assert os.path.isdir(tmp_path / "ssd")
 
 
-def test_a_fresh_jobs_first_reads_write_nothing(tmp_path):
-    """The node's first reads (the reader's hold on its builds) keep nothing in the
-    slots: the first batch costs what it costs with no tier; read again, they do."""
+def test_a_fresh_jobs_first_reads_write_their_chunks_once_the_hold_ends(tmp_path, monkeypatch):
+    """The node's first reads (the reader's hold on its builds) write nothing into the
+    slots while the hold lasts: the first batch costs what it costs with no tier.  Their
+    chunks are kept, not dropped: a read of them meanwhile takes them from memory, and
+    they are written once the hold ends, so none is fetched from the origin again (they
+    were: a quarter of a first epoch's requests)."""
+    from zstore.read._builds import FirstReadHold
+
+    monkeypatch.setattr(FirstReadHold, "served", lambda self: None)  # the hold lasts
     store, data = _store(tmp_path, "int16", items=1)
     cache = _cache(tmp_path)
-    reader = WindowReader(store, cache=cache, origin_fs=ModelledFileSystem(), fields=list(SPANS))
+    fs = ModelledFileSystem()
+    reader = WindowReader(store, cache=cache, origin_fs=fs, fields=list(SPANS))
     _check(reader.read("rec0", SPANS), data, "rec0")
     assert _ssd(cache)["fills"] == 0
-    _check(reader.read("rec0", SPANS), data, "rec0")  # the hold ends with the first read
-    assert _ssd(cache)["fills"] > 0
+    fs.reset_counts()
+    _check(reader.read("rec0", SPANS), data, "rec0")  # still held: from memory
+    assert fs.data_requests == 0 and _ssd(cache)["fills"] == 0
+    assert reader.settle(timeout=120)  # ends the hold: the kept chunks are written
+    fills = _ssd(cache)["fills"]
+    assert fills > 0
+    later = ModelledFileSystem()  # a later job reads them from the tier
+    again = _reader(store, cache, later)
+    _check(again.read("rec0", SPANS), data, "rec0")
+    assert later.data_requests == 0
+    assert _ssd(cache)["fills"] == fills and _ssd(cache)["corrupt"] == 0
 
 
 def test_admission_periods_count_the_values_each_tier_holds() -> None:
@@ -229,3 +245,28 @@ def test_an_ssd_tier_smaller_than_the_store_keeps_its_budget_and_the_values(tmp_
     assert stats["fills"] > 0 and stats["hits"] > 0 and stats["corrupt"] == 0
     assert stats["evictions"] > 0
     assert stats["bytes_on_disk"] <= budget
+
+
+@pytest.mark.parametrize("fetch", ["slots", "range", None])
+def test_a_chunk_two_windows_of_a_batch_share_is_fetched_once(tmp_path, fetch):
+    """Two windows of one batch over the same part of an item (4 windows per item of a
+    few seconds, shuffled, often land together) fetch each chunk they share once, with
+    the SSD tier's slots, its chunk values, and no tier: as many origin requests as the
+    one window alone, and both windows read right."""
+    store, data = _store(tmp_path, "int16", items=1)
+    cache = _cache(tmp_path / str(fetch), fetch=fetch) if fetch else False
+    counts = []
+    for windows in (1, 2):
+        fs = ModelledFileSystem()
+        reader = WindowReader(store, cache=cache, origin_fs=fs, fields=list(SPANS))
+        shapes = reader.read("rec0", SPANS)  # the hold ends (its writes settled below)
+        assert reader.settle(timeout=120)
+        if cache:
+            zstore.clear_cache(cache)
+        fs.reset_counts()
+        outs = [{k: np.empty_like(v) for k, v in shapes.items()} for _ in range(windows)]
+        reader.read_batch([("rec0", dict(SPANS), None)] * windows, outs)
+        for out in outs:
+            _check(out, data, "rec0")
+        counts.append(fs.data_requests)
+    assert counts[0] > 0 and counts[1] == counts[0]

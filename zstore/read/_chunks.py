@@ -170,7 +170,24 @@ class ChunkSource(OriginFetch, HeldChunks, SlotReads):
         self, need: list[tuple[ArrayLayout, int]], *, ram: bool
     ) -> list[tuple[Request | None, bytes | memoryview | None]]:
         """The encoded bytes of (layout, chunk number) pairs and the origin request each
-        came from; (None, None) for a chunk never written (stores of other writers)."""
+        came from; (None, None) for a chunk never written (stores of other writers).  A
+        chunk ``need`` names twice (two windows of one batch over the same part of an
+        item) is fetched once: it was fetched once per window, each a request of its own
+        to the origin (docs/benchmarks-notes.md, "A chunk named twice in one batch")."""
+        at: dict[tuple[str, int], int] = {}
+        unique: list[tuple[ArrayLayout, int]] = []
+        for layout, k in need:
+            if at.setdefault((layout.path, k), len(unique)) == len(unique):
+                unique.append((layout, k))
+        if len(unique) == len(need):
+            return self._raw(need, ram)
+        got = self._raw(unique, ram)
+        return [got[at[(layout.path, k)]] for layout, k in need]
+
+    def _raw(
+        self, need: list[tuple[ArrayLayout, int]], ram: bool
+    ) -> list[tuple[Request | None, bytes | memoryview | None]]:
+        """:meth:`raw` of chunks ``need`` names once each."""
         held, around, pending = (
             self.whole_fetch.find(need, fetch=self.fetch == "shard")
             if self.whole_fetch is not None

@@ -57,13 +57,8 @@ class SlotReads:
         if obj not in self._slotted:
             self._slotted[obj] = self.slotted.held(obj, layout, index)
         shard = self._slotted[obj]
-        data: bytes | memoryview | None = None
         if shard is not None and shard.has(j):
-            data = shard.chunk(j)
-        else:  # fetched by a first read, its write held back until the hold ends
-            data = self.slotted.waiting(obj, j)
-        if data is not None:
-            out[i] = (request, data)
+            out[i] = (request, shard.chunk(j))
             self._slot_hits[0] += 1
             self._slot_hits[1] += int(request[2] or 0) - int(request[1] or 0)
         else:

@@ -13,9 +13,8 @@ read waits for a write; a shard costs one file and one index row, at the first w
 into it, its whole size counted against the budget and its unwritten slots holes of
 a sparse file.  A later job reads the shard's index from the value too: nothing but
 the store's root from the origin.  A fresh job's first reads (the reader's hold on its
-builds) write nothing while they are read: writing them took its first batch from
-1.12x to 1.31x of no tiers' (NFS-like, 1 rank); their chunks are kept and written once
-the hold ends (:mod:`zstore.read._held_slot_writes`).  No node lock is taken: two processes that miss a
+builds) write nothing: writing them took its first batch from 1.12x to 1.31x of no
+tiers' (NFS-like, 1 rank).  No node lock is taken: two processes that miss a
 chunk at once both fetch it (``fetch="range"`` keeps each chunk under the node's
 lock, one SSD value each).
 
@@ -39,7 +38,6 @@ from zstore.cache.slots import Slots, data_nbytes_of, slots_nbytes
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.read._builds import BehindBuilds
-from zstore.read._held_slot_writes import HeldWrites
 from zstore.read._maps import MappedValues
 
 #: the SSD tier key's suffix of a shard object in this form
@@ -143,8 +141,6 @@ class SlottedShards:
         #: value it indexes next for them
         self._fetched: dict[str, bytes] = {}
         self._fetched_lock = threading.Lock()  # the reading thread adds, copy threads take
-        #: the first reads' writes, kept until the hold ends
-        self._held = HeldWrites(hold, self._write) if hold is not None else None
 
     def mapped(self, obj: str, layout: ArrayLayout) -> EncodedShard | None:
         """This process's map of shard object ``obj``; None when the tier lacks it."""
@@ -207,26 +203,15 @@ class SlottedShards:
         self, obj: str, layout: ArrayLayout, index: np.ndarray, j: int, data: bytes | memoryview
     ) -> None:
         """Write chunk ``j`` of shard object ``obj`` (fetched, and decoded fine) into
-        its slot, indexing the shard's value first where the tier lacks it; while the
-        node's first reads are held, kept and written once the hold ends
-        (:mod:`zstore.read._held_slot_writes`)."""
-        if self._held is not None and self._held.hold.held:
-            self._held.add(obj, layout, index, j, data)
+        its slot, indexing the shard's value first where the tier lacks it; nothing
+        while the node's first reads are held (their chunks are written when they are
+        read again)."""
+        if self.hold is not None and self.hold.held:
             return
-        self._write(obj, layout, index, j, data)
-
-    def _write(
-        self, obj: str, layout: ArrayLayout, index: np.ndarray, j: int, data: bytes | memoryview
-    ) -> None:
         shard = self.shard(obj, layout, index)
         if shard is not None and shard.write(j, data):
             self.tiers.stats.add("ssd_fills")
             self.tiers.stats.add("ssd_fill_bytes", len(data))
-
-    def waiting(self, obj: str, j: int) -> bytes | None:
-        """Chunk ``j`` of ``obj`` when its slot write waits for the first reads' hold to
-        end (:mod:`zstore.read._held_slot_writes`)."""
-        return self._held.get(obj, j) if self._held is not None else None
 
     def drop(self, obj: str) -> None:
         """Remove shard object ``obj``'s slotted value (``zstore cache warm`` keeps the

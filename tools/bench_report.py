@@ -196,7 +196,9 @@ def write_report(results: dict[str, Any], out: str) -> None:
         "process reading the same windows twice with its own fresh cache. The decoded data "
         "(~2 GB) exceeds the RAM budget, so admission keeps the first shards that fill it; "
         "which ones depends on the order windows arrive in, so 4 ranks and one process build "
-        "slightly different shards and their origin requests differ by ~1%. What sharing "
+        "slightly different shards and their origin requests differ by a few % (one "
+        "process's reads ask for fewer since a chunk a read names twice is fetched once). "
+        "What sharing "
         "must guarantee is that no chunk is fetched twice on the node: every chunk fetched "
         "fills the SSD tier once (fills == entries; a chunk fetched by two ranks would fill "
         "it twice).",

@@ -482,6 +482,7 @@ def _killed_run(code: str, into: str | list[str], after: float) -> str:
     URL, or several); what happened, in words."""
     paths = [into] if isinstance(into, str) else into
     before = sum(_files_in(p) for p in paths)
+    started = time.time()
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     while proc.poll() is None and sum(_files_in(p) for p in paths) <= before:  # until it writes
         time.sleep(0.002)
@@ -491,8 +492,54 @@ def _killed_run(code: str, into: str | list[str], after: float) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        _unlink_leaked_semaphores(proc.pid, started)
         now = sum(_files_in(p) for p in paths)
         return f"killed {after:.2f} s into its writes ({now - before} files)"
+
+
+def _unlink_leaked_semaphores(group: int, since: float) -> None:
+    """Remove the named semaphores of a process group killed with SIGKILL: the
+    converter's worker pool makes some (``/dev/shm/sem.mp-*``), and multiprocessing's
+    resource tracker, killed with the group, is what would have unlinked them (each run
+    of the suite left 18, until a reboot).  Once every process of the group has ended,
+    those made since ``since`` that no live process maps."""
+    while True:  # SIGKILL is delivered at once, but each process ends in its own time
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            return
+        time.sleep(0.01)
+    shm = "/dev/shm"
+    try:
+        names = [n for n in os.listdir(shm) if n.startswith("sem.mp-")]
+    except OSError:
+        return
+    fresh = []
+    for name in names:
+        try:
+            if os.stat(os.path.join(shm, name)).st_mtime >= since - 1:
+                fresh.append(name)
+        except OSError:
+            pass
+    if not fresh:
+        return
+    mapped: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                mapped.update(
+                    line.split(shm + "/", 1)[1].split()[0] for line in f if shm + "/sem." in line
+                )
+        except OSError:
+            pass
+    for name in fresh:
+        if name not in mapped:
+            try:
+                os.unlink(os.path.join(shm, name))
+            except OSError:
+                pass
 
 
 def _stale_lock_named(store: str, code: str) -> bool:

@@ -174,12 +174,7 @@ class TierReads(TierPart):
         if cache is None:
             return
         ino = self._current_ino(cache, key)
-        try:
-            cache.delete(key, retry=True)
-        except Exception as e:
-            self._warn("removing a value failed", e)
-            return
-        if ino:
+        if self._delete(cache, key, "removing a value") and ino:
             self.evictions.record([ino])
 
     def _current_ino(self, cache: diskcache.Cache, key: str) -> int:
@@ -198,13 +193,20 @@ class TierReads(TierPart):
         self.stats.add(f"{self.name}_corrupt")
         if count_miss:  # a value found bad on lookup is a miss; one dropped later was a hit
             self.stats.add(f"{self.name}_misses")
-        try:
-            cache.delete(key, retry=True)
-        except Exception as e:
-            self._warn("dropping a corrupt value failed", e)
+        self._delete(cache, key, "dropping a corrupt value")
         if ino:  # processes that mapped it (and checked its blocks before) unmap it
             self.evictions.record([ino])
         return None
+
+    def _delete(self, cache: diskcache.Cache, key: str, what: str) -> bool:
+        """Delete ``key`` from the index (its file goes with it); False, with a warning
+        naming ``what``, when that fails."""
+        try:
+            cache.delete(key, retry=True)
+        except Exception as e:
+            self._warn(f"{what} failed", e)
+            return False
+        return True
 
     def touch(self, key: str) -> None:
         """Count an access of ``key`` for admission (also for hits served from a map)."""

@@ -151,6 +151,13 @@ class MappedValues:
         entry = self.maps.pop(key, None)
         self.tier.drop(key, entry.ino if entry is not None else 0)
 
+    def remove(self, key: str) -> None:
+        """Unmap a value superseded by one of another form and remove it from the tier
+        (:meth:`discard` for a value that is not corrupt)."""
+        with self.lock:
+            self.maps.pop(key, None)
+        self.tier.remove(key)
+
     def drop_evicted(self) -> None:
         """Unmap values evicted by any process, so their tmpfs pages are freed."""
         self.evicted_seen, inodes = self.tier.evictions.since(self.evicted_seen)

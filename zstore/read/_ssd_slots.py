@@ -72,11 +72,11 @@ class EncodedShard:
 
     def read_index(self, where: str) -> np.ndarray | None:
         """The shard index from its slot (None when it is not written, or fails)."""
-        nbytes = self.layout.index_bytes
-        if not self.slots.has(self.layout.chunks_per_shard, [(self._index_at, nbytes)]):
+        raw = self.index_bytes()
+        if raw is None:
             return None
         try:
-            index = decode_index(self.layout, self.slots.data[self._index_at :], where)
+            index = decode_index(self.layout, raw, where)
         except IntegrityError:
             return None
         if chunks_end(index) > self._index_at:
@@ -216,10 +216,7 @@ class SlottedShards:
     def drop(self, obj: str) -> None:
         """Remove shard object ``obj``'s slotted value (``zstore cache warm`` keeps the
         object whole in its place)."""
-        key = self.tiers.key(f"{obj}{SUFFIX}")
-        with self.values.lock:
-            self.values.maps.pop(key, None)
-        self.ssd.remove(key)
+        self.values.remove(self.tiers.key(f"{obj}{SUFFIX}"))
 
     def where(self, obj: str) -> str:
         return f"{self.url}: {obj} (shard index in the SSD tier)"

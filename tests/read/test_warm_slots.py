@@ -1,6 +1,7 @@
 """``zstore cache warm`` after a job whose reads filled the SSD tier by ranges (its
-slotted shard objects, ``fetch="slots"``): each object is made whole from the slots and
-only the ranges they lack, over a real S3 endpoint, not downloaded again."""
+slotted shard objects, ``fetch="slots"``; a value per chunk, ``fetch="range"``): each
+object is made whole from them and only the ranges they lack, over a real S3 endpoint,
+not downloaded again."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 from conftest import PYTHON, subprocess_env
 
@@ -35,16 +37,28 @@ def shard_gets(counter, since, item):
     return ranged, gets - ranged
 
 
-def test_warm_makes_slotted_shards_whole_from_their_slots(s3, s3_store, small_store, tmp_path):
+#: what a job's reads leave in the SSD tier, by ``fetch``: slotted shard objects, or a
+#: value per chunk (``#r<start>-<stop>``) and per shard index (``#s<n>``)
+PIECES = {
+    "slots": lambda key: key.endswith("#F"),
+    "range": lambda key: "#r" in key or "#s" in key,
+}
+
+
+@pytest.mark.parametrize("fetch", sorted(PIECES))
+def test_warm_makes_shards_whole_from_the_jobs_pieces(s3, s3_store, small_store, tmp_path, fetch):
+    """Warm after a job that read by ranges (its slots, or its chunk values): each
+    shard object is made whole from what the tier holds and the ranges it lacks; the
+    pieces are removed."""
     options, counter = s3
     cache = zstore.CacheConfig(
-        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes="64MB", fetch="slots"
+        ram_dir=None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes="64MB", fetch=fetch
     )
     root = zarr.open_group(small_store, mode="r")
     items = sorted(root.group_keys(), key=lambda i: root[f"{i}/wav"].shape[-1])
     full, part, none = items[:3], items[-1], items[3:5]  # the longest is read in part
     job = WindowReader(s3_store, cache=cache, storage_options=options).open()
-    assert job.fetch == "slots"
+    assert job.fetch == fetch
 
     def read(item, share=1.0):
         n = root[f"{item}/act"].shape[-1]
@@ -57,9 +71,9 @@ def test_warm_makes_slotted_shards_whole_from_their_slots(s3, s3_store, small_st
         read(item)
     read(part, 0.8)
     values = tier_values(tmp_path / "ssd")
-    assert values and all(k.endswith("#F") for k in values)
-    # one chunk of a slotted value damaged on the device: fetched again, not copied
-    damaged = next(f for k, f in values.items() if f"/{full[0]}/wav/" in k)
+    assert values and all(PIECES[fetch](k) for k in values)
+    # one chunk damaged on the device: fetched again, not copied
+    damaged = next(f for k, f in values.items() if f"/{full[0]}/wav/" in k and "#s" not in k)
     path = tmp_path / "ssd" / damaged
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x01
@@ -76,7 +90,7 @@ def test_warm_makes_slotted_shards_whole_from_their_slots(s3, s3_store, small_st
     for item in none:
         assert shard_gets(counter, since, item) == (0, 2)  # wav and act, each whole
 
-    # The tier holds each object once, whole; the slotted values are gone.
+    # The tier holds each object once, whole; the pieces are gone.
     values = tier_values(tmp_path / "ssd")
     assert len(values) == 2 * len(items) and all(k.endswith("#W") for k in values)
     stored = sum(f.stat().st_size for f in Path(small_store).rglob("*") if "/c/" in str(f))

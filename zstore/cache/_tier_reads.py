@@ -166,14 +166,15 @@ class TierReads(TierPart):
             return
         self._corrupt(cache, key, count_miss=False, ino=ino)
 
-    def remove(self, key: str) -> None:
+    def remove(self, key: str, *, mapped: bool = True) -> None:
         """Remove ``key``'s value, superseded by a value of another form (``zstore cache
-        warm`` keeps a shard whole that the tier held as slots); logged in the eviction
-        ring, so every process unmaps it."""
+        warm`` keeps a shard whole that the tier held as slots or chunk values); logged
+        in the eviction ring, so every process unmaps it, unless not ``mapped`` (a kind
+        of value processes read, never map: a chunk's, a shard index's)."""
         cache = self._open()
         if cache is None:
             return
-        ino = self._current_ino(cache, key)
+        ino = self._current_ino(cache, key) if mapped else 0
         if self._delete(cache, key, "removing a value") and ino:
             self.evictions.record([ino])
 

@@ -24,7 +24,7 @@ from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.origin import Request
 from zstore.read._ssd_shards import Held, Wanted, WholeShards
 from zstore.read._ssd_slots import SlottedShards
-from zstore.read._warm_slots import whole_from_slots
+from zstore.read._warm_slots import RangeValues, whole_from_slots
 
 
 class Pending:
@@ -97,11 +97,13 @@ class WholeFetch:
     def keep(self, layout: ArrayLayout, slotted: SlottedShards) -> None:
         """Put every shard of ``layout`` whole into the SSD tier (``zstore cache warm``),
         one at a time, waiting for another process's fetch of it; shards it holds
-        already are left alone.  A shard it holds as slots (``slotted``: a job's reads
-        by ranges) is made whole from them and the ranges they lack, and its slotted
-        value removed (:mod:`zstore.read._warm_slots`)."""
+        already are left alone.  A shard a job's reads left in the tier in pieces (its
+        slots, ``slotted``; or a value per chunk, ``fetch="range"``) is made whole from
+        them and the ranges they lack, and the pieces are removed
+        (:mod:`zstore.read._warm_slots`)."""
         if not layout.sharded:
             return
+        ssd = self.whole.tiers.ssd
         for s in range(-(-layout.length // layout.shard)):
             obj = layout.object_key(s)
             if self.whole.held_many({obj: (layout, [])}):
@@ -110,15 +112,24 @@ class WholeFetch:
                 if self.whole.held_many({obj: (layout, [])}, again=True):
                     continue
                 shard = slotted.mapped(obj, layout)
-                data = None
+                where = slotted.where(obj)
+                data, pieces = None, None
                 if shard is not None:
-                    data = whole_from_slots(shard, obj, self.read, slotted.where(obj))
+                    data = whole_from_slots(shard, obj, self.read, where)
+                else:
+                    pieces = RangeValues(self.whole.tiers, layout, obj, where)
+                    data = pieces.whole(self.read)
                 if data is not None:
                     self.whole.put(obj, memoryview(data))
                 else:
                     self.fetch({obj: (layout, [])}, {})
-                if shard is not None and self.whole.held_many({obj: (layout, [])}, again=True):
-                    slotted.drop(obj)
+                if (shard is not None or (pieces and pieces.names)) and self.whole.held_many(
+                    {obj: (layout, [])}, again=True
+                ):
+                    if shard is not None:
+                        slotted.drop(obj)
+                    for name in pieces.names if pieces else ():
+                        ssd.remove(name, mapped=False)  # type: ignore[union-attr]
 
     def fetch(self, todo: Wanted, locks: dict[str, list[int]]) -> dict[str, Held]:
         """Fetch shard objects whole (one concurrent origin round) into the SSD tier,

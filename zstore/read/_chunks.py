@@ -22,7 +22,7 @@ from zstore.format import EMPTY, ArrayLayout, decode_chunk, fill_chunk
 from zstore.origin import Origin, Request, describe
 from zstore.read._builds import BehindBuilds
 from zstore.read._held_chunks import HeldChunks
-from zstore.read._origin_fetch import OriginFetch
+from zstore.read._origin_fetch import OriginFetch, range_key
 from zstore.read._replaced import StoreCheck
 from zstore.read._shard_indexes import ShardIndexes
 from zstore.read._slot_reads import SlotReads
@@ -183,7 +183,7 @@ class ChunkSource(ShardIndexes, OriginFetch, HeldChunks, SlotReads):
                 self._slot_chunk(out, i, (obj, start, stop), layout, indexes[obj], j)
                 continue
             layouts[obj] = layout
-            keys.append(f"{obj}#r{start}-{stop}")
+            keys.append(range_key(obj, start, stop))
             requests.append((obj, start, stop))
             slots.append(i)
         values = (

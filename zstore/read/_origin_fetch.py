@@ -15,6 +15,18 @@ from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.origin import Origin, Request
 from zstore.read._replaced import StoreCheck
 
+
+def range_key(obj: str, start: int, stop: int) -> str:
+    """The tiers' key of bytes ``start:stop`` of ``obj`` (a chunk of a shard object): the
+    reads by ranges, the whole-shard fills and ``zstore cache warm`` name it alike."""
+    return f"{obj}#r{start}-{stop}"
+
+
+def index_key(obj: str, layout: ArrayLayout) -> str:
+    """The tiers' key of shard object ``obj``'s index (its last ``index_bytes``)."""
+    return f"{obj}#s{layout.index_bytes}"
+
+
 COALESCE_BYTES = 512 * 1024  # adjacent chunk ranges are merged into requests up to this size
 
 
@@ -107,7 +119,7 @@ class OriginFetch:
                 continue
             start, stop = int(offset), int(offset) + int(nbytes)
             if (start, stop) not in skip:
-                chunks.append((f"{obj}#r{start}-{stop}", data[start:stop]))
+                chunks.append((range_key(obj, start, stop), data[start:stop]))
         self.tiers.fill_many(chunks, ram=not self.tiers.decoded)  # one transaction per tier
 
     def _read(self, requests: list[Request]) -> list[bytes | memoryview | None]:

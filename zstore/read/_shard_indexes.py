@@ -13,6 +13,7 @@ import numpy as np
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.origin import Origin, Request
+from zstore.read._origin_fetch import index_key
 
 if TYPE_CHECKING:
     from zstore.errors import MissingDataError
@@ -81,7 +82,7 @@ class ShardIndexes:
                 found[obj] = self._indexes[obj] = index
                 del todo[obj]
         if todo:
-            keys = [f"{obj}#s{layout.index_bytes}" for obj, layout in todo.items()]
+            keys = [index_key(obj, layout) for obj, layout in todo.items()]
             requests: list[Request] = [
                 (obj, -layout.index_bytes, None) for obj, layout in todo.items()
             ]

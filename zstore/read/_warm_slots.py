@@ -20,6 +20,7 @@ from zstore.cache import TieredCache
 from zstore.errors import IntegrityError
 from zstore.format import EMPTY, ArrayLayout, decode_index
 from zstore.origin import Request
+from zstore.read._origin_fetch import index_key, range_key
 from zstore.read._ssd_slots import EncodedShard, chunks_end
 
 #: the most of an object's chunk bytes fetched as ranges; past it the object is read
@@ -52,7 +53,7 @@ class RangeValues:
     damaged one is dropped and counts as not held)."""
 
     def __init__(self, tiers: TieredCache, layout: ArrayLayout, obj: str, where: str):
-        self.layout, self.obj = layout, obj
+        self.layout, self.obj, self.tiers = layout, obj, tiers
         self.index: np.ndarray | None = None
         self.raw_index: bytes | memoryview | None = None
         self.chunks: dict[int, memoryview] = {}
@@ -61,7 +62,7 @@ class RangeValues:
         ssd = tiers.ssd
         if ssd is None:
             return
-        name = tiers.key(f"{obj}#s{layout.index_bytes}")
+        name = tiers.key(index_key(obj, layout))
         raw = ssd.get(name, count_miss=False)
         if raw is None:
             return
@@ -73,12 +74,22 @@ class RangeValues:
         self.index, self.raw_index = index, raw
         wanted = [j for j in range(layout.chunks_per_shard) if index[j][0] != EMPTY]
         names = [
-            tiers.key(f"{obj}#r{int(index[j][0])}-{int(index[j][0] + index[j][1])}") for j in wanted
+            tiers.key(range_key(obj, int(index[j][0]), int(index[j][0] + index[j][1])))
+            for j in wanted
         ]
         for j, name, value in zip(wanted, names, ssd.get_many(names, count_miss=False)):
             if value is not None:
                 self.chunks[j] = value
                 self.names.append(name)
+
+    def remove(self) -> None:
+        """Remove the values found (the object is whole in the tier now).  Processes read
+        them, never map them: nothing to log for unmapping."""
+        ssd = self.tiers.ssd
+        if ssd is None:
+            return
+        for name in self.names:
+            ssd.remove(name, mapped=False)
 
     def whole(self, read: Read) -> bytearray | None:
         """The object whole (:func:`assemble`); None when the index was not found or no

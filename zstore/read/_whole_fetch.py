@@ -103,7 +103,6 @@ class WholeFetch:
         (:mod:`zstore.read._warm_slots`)."""
         if not layout.sharded:
             return
-        ssd = self.whole.tiers.ssd
         for s in range(-(-layout.length // layout.shard)):
             obj = layout.object_key(s)
             if self.whole.held_many({obj: (layout, [])}):
@@ -123,13 +122,12 @@ class WholeFetch:
                     self.whole.put(obj, memoryview(data))
                 else:
                     self.fetch({obj: (layout, [])}, {})
-                if (shard is not None or (pieces and pieces.names)) and self.whole.held_many(
-                    {obj: (layout, [])}, again=True
-                ):
-                    if shard is not None:
+                left = shard is not None or (pieces is not None and pieces.names)
+                if left and self.whole.held_many({obj: (layout, [])}, again=True):
+                    if pieces is not None:
+                        pieces.remove()
+                    else:
                         slotted.drop(obj)
-                    for name in pieces.names if pieces else ():
-                        ssd.remove(name, mapped=False)  # type: ignore[union-attr]
 
     def fetch(self, todo: Wanted, locks: dict[str, list[int]]) -> dict[str, Held]:
         """Fetch shard objects whole (one concurrent origin round) into the SSD tier,

@@ -219,9 +219,9 @@ def test_values_evicted_under_a_small_budget_read_the_stored_values(tmp_path):
     assert stats["bytes_on_disk"] <= 9 * 10**6
 
 
-def test_values_that_are_not_samples_are_never_written_and_read_right(tmp_path, caplog):
-    """The manifest says int16 samples, one value is not one: its chunk stays out of the
-    tier (decoded each time), said once; every value reads as stored."""
+def odd_store(tmp_path: Path) -> tuple[str, dict[str, dict]]:
+    """A store of one 70 s recording whose manifest says ``wav`` holds int16 samples,
+    with one value that is not one (3 s in)."""
     from test_int16_shards import _claim_int16
 
     rng = np.random.default_rng(9)
@@ -231,6 +231,13 @@ def test_values_that_are_not_samples_are_never_written_and_read_right(tmp_path, 
     store = str(tmp_path / "odd.zarr")
     zstore.convert(h5, store, rates={"wav": 16000}, workers=1, progress=False, pack_seconds=0)
     _claim_int16(store)
+    return store, data
+
+
+def test_values_that_are_not_samples_are_never_written_and_read_right(tmp_path, caplog):
+    """The manifest says int16 samples, one value is not one: its chunk stays out of the
+    tier (decoded each time), said once; every value reads as stored."""
+    store, data = odd_store(tmp_path)
     cache = _cache(tmp_path)
     reader = WindowReader(store, cache=cache, fields=["wav"])
     reader.start_builds()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_chunk_shards import _store
+from test_chunk_shards import _store, odd_store
 
 import zstore
 from zstore.format import Span
@@ -114,6 +114,49 @@ def test_a_chunk_the_ram_tier_keeps_is_not_kept_in_the_ssd_tier_too(tmp_path):
     _check(_reader(store, small, ModelledFileSystem()).read("rec0", SPANS), data, "rec0")
     assert zstore.cache_stats(small)["ram"]["fill_bytes"] < 2**20
     assert _ssd(small)["fills"] > 0
+
+
+def test_chunks_completed_behind_the_reads_are_kept_in_the_ram_tier_only(tmp_path):
+    """A shard mostly read has its other chunks decoded and written behind the reads
+    (the RAM tier's completion): they go into the RAM tier, not into the SSD tier's
+    slots as well (with 4 ranks each such SSD write indexed a value in the reading
+    process's builder thread, and the later epochs read slower with the SSD tier than
+    without it)."""
+    store, data = _store(tmp_path, "int16", items=1)
+    cache = _cache(tmp_path, ram_bytes="256MB")
+    reader = _reader(store, cache, ModelledFileSystem())
+    reader.read("rec0", {"wav": Span(0, 56 * 16000)})  # 56 of the first shard's 64 s
+    filled = zstore.cache_stats(cache)["ram"]["fills"]
+    reader.read("rec0", {"wav": Span(0, 16000)})  # finds most of it in the tier
+    assert reader.settle(timeout=120)
+    assert zstore.cache_stats(cache)["ram"]["fills"] > filled  # the shard completed
+    assert _ssd(cache)["fills"] == 0
+    fs = ModelledFileSystem()  # the rest of that shard, from the RAM tier
+    got = WindowReader(store, cache=cache, origin_fs=fs, fields=["wav"]).open()
+    wav = got.read("rec0", {"wav": Span(58 * 16000, 63 * 16000)})["wav"]
+    assert np.array_equal(
+        wav.view(np.uint32), data["rec0"]["wav"][:, 58 * 16000 : 63 * 16000].view(np.uint32)
+    )
+    assert fs.data_requests == 0
+
+
+def test_a_chunk_the_ram_tier_cannot_keep_is_kept_in_the_ssd_tier(tmp_path):
+    """The manifest says int16 samples and one chunk holds a value that is not one: the
+    RAM tier leaves that chunk out, and the SSD tier keeps it instead, so a later job
+    fetches nothing from the origin."""
+    store, data = odd_store(tmp_path)
+    cache = _cache(tmp_path, ram_bytes="256MB")
+    whole = {"wav": Span(0, 70 * 16000)}
+    for _ in range(2):  # the first read ends the hold; the second writes
+        reader = WindowReader(store, cache=cache, origin_fs=ModelledFileSystem(), fields=["wav"])
+        reader.start_builds()
+        got = reader.read("rec0", whole)["wav"]
+        assert np.array_equal(got.view(np.uint32), data["rec0"]["wav"].view(np.uint32))
+    assert _ssd(cache)["fills"] == 1  # that chunk alone
+    fs = ModelledFileSystem()
+    got = WindowReader(store, cache=cache, origin_fs=fs, fields=["wav"]).open().read("rec0", whole)
+    assert np.array_equal(got["wav"].view(np.uint32), data["rec0"]["wav"].view(np.uint32))
+    assert fs.data_requests == 0
 
 
 def test_auto_fetches_whole_shards_only_over_a_long_round_trip_and_the_node_agrees(tmp_path):

@@ -14,6 +14,7 @@ import numpy as np
 
 from zstore.cache import TieredCache
 from zstore.format import ArrayLayout
+from zstore.origin import Request
 from zstore.read._builds import FORK_GATE, BehindBuilds
 from zstore.read._chunks import ChunkSource
 from zstore.read._maps import MappedValues
@@ -86,12 +87,38 @@ class ChunkFills:
                 for j, (request, data) in zip(missing, raw):
                     if shard.has(j):  # written by a read meanwhile
                         continue
-                    decode = partial(self.builder_source.decode, layout, request, data)
-                    self._write(layout, shard, j, Lazy(layout, decode).decoded())
+                    source = self.builder_source
+                    decode = partial(source.decode, layout, request, data, keep=False)
+                    chunk = Lazy(layout, decode).decoded()
+                    self._kept(source, layout, shard, j, chunk, request, data)
                 del raw
         finally:
             if locks is not None:
                 locks.release(held)
+
+    def _kept(
+        self,
+        source: ChunkSource,
+        layout: ArrayLayout,
+        shard: SlotShard,
+        j: int,
+        chunk: np.ndarray,
+        request: Request | None,
+        data: Any,
+    ) -> None:
+        """Write decoded chunk ``j`` into its slot, and its bytes (where they were
+        fetched for the SSD tier's slots) into the SSD tier only when this tier does
+        not keep it: kept in both, the first epoch on an NFS-like origin read at 0.79x
+        of no tiers against 0.94x, and the completions' SSD writes (a value indexed in
+        the builder thread for each shard) made 4 ranks' later epochs slower with the
+        SSD tier than without it (docs/benchmarks-notes.md)."""
+        written = self._write(layout, shard, j, chunk)
+        if request is None:
+            return
+        if written:
+            source.forget(request)
+        else:  # not in this tier after all: in the SSD tier
+            source.keep(request, data)
 
     def _write(self, layout: ArrayLayout, shard: SlotShard, j: int, chunk: np.ndarray) -> bool:
         """Write a decoded chunk into slot ``j``, in the reading thread: narrowed to its

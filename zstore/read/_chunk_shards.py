@@ -149,6 +149,5 @@ class ChunkShards(RamForm, ChunkFills):
         if shard is None or not write:
             return self.source.decode(layout, request, data, out)
         chunk = self.source.decode(layout, request, data, out, keep=False)
-        if not self._write(layout, shard, j, chunk) and request is not None:
-            self.source.keep(request, data)  # not in this tier after all: in the SSD tier
+        self._kept(self.source, layout, shard, j, chunk, request, data)
         return chunk

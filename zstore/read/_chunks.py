@@ -209,8 +209,9 @@ class ChunkSource(ShardIndexes, OriginFetch, HeldChunks, SlotReads):
         """Decode one chunk's bytes (into ``out`` where it can, see ``decode_chunk``); a
         chunk never written is the fill value; bytes that fail their check are fetched
         once more from the origin, past the tiers.  Bytes fetched for the SSD tier's
-        slots are written there once they decode, unless ``keep`` is False (the RAM
-        tier keeps the chunk: see :meth:`keep`)."""
+        slots are written there once they decode; with ``keep`` False the caller says
+        where they go after: :meth:`keep` (into the slot) or :meth:`forget` (the RAM
+        tier keeps the chunk)."""
         if data is None or request is None:
             return fill_chunk(layout)
         where = f"{self.url}: {describe(*request)}"
@@ -224,8 +225,6 @@ class ChunkSource(ShardIndexes, OriginFetch, HeldChunks, SlotReads):
             return decode_chunk(layout, again, where, out)
         if keep:
             self.keep(request, data)
-        else:
-            self.forget(request)
         return chunk
 
 

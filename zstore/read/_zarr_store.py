@@ -26,6 +26,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zstore.cache import CacheConfig, TieredCache, as_cache_config
 from zstore.format import MANIFEST_ATTR, append_ids, cache_namespace, read_manifest, read_root
 from zstore.origin import Origin
+from zstore.read._origin_fetch import range_key
 from zstore.read._replaced import ROOT, StoreCheck
 from zstore.urls import is_url, zarr_store
 
@@ -36,16 +37,20 @@ WHOLE = OffsetByteRequest(0)
 _READ_ONLY = "store was opened in read-only mode and does not support writing"
 
 
-def range_suffix(byte_range: ByteRequest | None) -> str:
-    """The cache-key suffix of a byte range: ``#r10-20``, ``#o10``, ``#s16`` or ``""``."""
+def tier_key(key: str, byte_range: ByteRequest | None) -> str:
+    """The tiers' key of ``byte_range`` of object ``key``: a range as the reads by ranges
+    name it (:func:`zstore.read._origin_fetch.range_key`: a value one kept is found by
+    the other), ``#o<offset>`` from an offset, ``#s<n>`` for the last ``n`` bytes (a
+    shard's index, as :func:`zstore.read._origin_fetch.index_key` names it); the key
+    itself for the whole object."""
     if byte_range is None:
-        return ""
+        return key
     if isinstance(byte_range, RangeByteRequest):
-        return f"#r{byte_range.start}-{byte_range.end}"
+        return range_key(key, byte_range.start, byte_range.end)
     if isinstance(byte_range, OffsetByteRequest):
-        return f"#o{byte_range.offset}"
+        return f"{key}#o{byte_range.offset}"
     if isinstance(byte_range, SuffixByteRequest):
-        return f"#s{byte_range.suffix}"
+        return f"{key}#s{byte_range.suffix}"
     raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
 
 
@@ -232,11 +237,7 @@ class CachedStore(Store):
         out: list[Buffer | None] = [None] * len(wanted)
         misses: list[int] = []
         for i, (key, byte_range) in enumerate(wanted):
-            value = (
-                self.tiers.lookup(key + range_suffix(byte_range))
-                if self.tiers is not None
-                else None
-            )
+            value = self.tiers.lookup(tier_key(key, byte_range)) if self.tiers is not None else None
             if value is None:
                 misses.append(i)
             else:
@@ -250,7 +251,7 @@ class CachedStore(Store):
                 self._check_missing(key)
                 continue
             if self.tiers is not None:
-                self.tiers.fill(key + range_suffix(byte_range), buf.to_bytes())
+                self.tiers.fill(tier_key(key, byte_range), buf.to_bytes())
             out[i] = buf
         return out
 

@@ -335,6 +335,77 @@ def test_the_progress_bar_shows_what_workers_have_in_flight(tmp_path):
     assert done == [1] and 1000 in shown and bar.in_flight == 0 and bar.bytes == 10
 
 
+def _interrupted_in_task(job, batch):
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as it reaches a worker inside a task
+    return batch  # not reached: the worker's handler ends the task
+
+
+def test_ctrl_c_inside_a_workers_task_is_a_keyboard_interrupt_here():
+    """Ctrl-C reaches the workers as well as this process: a worker inside a task ends
+    it quietly (SystemExit(130)), and the pool hands that back as the task's outcome.
+    Taken before this process's own KeyboardInterrupt, it ended the converter with
+    status 130 and not a line (seen once in a fresh-clone CI run of the test below), and
+    would end a caller's Python as quietly: it is a KeyboardInterrupt here."""
+    from zstore.convert._tasks import Progress, local_pool, run_batches
+
+    with local_pool(2) as pool, pytest.raises(KeyboardInterrupt):
+        bar = Progress(1, "converting", False)
+        run_batches(_interrupted_in_task, None, [], 2, bar, pool=pool, tasks=[["rec"]])
+
+
+#: a worker held at its start (in ``site``, before its imports) until the test says go
+_HOLD_AT_START = """
+import os, sys, time
+if "--multiprocessing-fork" in sys.argv:
+    d = os.environ["ZSTORE_TEST_HOLD"]
+    open(os.path.join(d, "started"), "w").close()
+    while not os.path.exists(os.path.join(d, "go")):
+        time.sleep(0.01)
+"""
+
+#: a pool whose worker Ctrl-C reaches while it starts
+_CTRL_C_AT_START = """
+import os, signal, time
+from zstore.convert._tasks import Pool
+if __name__ == "__main__":
+    d = os.environ["ZSTORE_TEST_HOLD"]
+    pool = Pool(1)
+    fut = pool.submit(int)
+    while not os.path.exists(os.path.join(d, "started")):
+        time.sleep(0.01)
+    os.kill(next(iter(pool._processes)), signal.SIGINT)
+    open(os.path.join(d, "go"), "w").close()
+    try:
+        print("result", fut.result(timeout=300))
+    except BaseException as e:
+        print("pool:", type(e).__name__)
+"""
+
+
+def test_ctrl_c_while_a_worker_starts_ends_it_without_a_word(tmp_path):
+    """Ctrl-C that reaches a worker while it still starts (its imports take about a
+    second) ends it quietly once it can, as an idle worker: no KeyboardInterrupt
+    traceback of its imports under the converter's one line (seen in a fresh-clone CI
+    run of the test below).  The worker is held at its start by a file, signalled, then
+    let go."""
+    site, hold = tmp_path / "site", tmp_path / "hold"
+    site.mkdir()
+    hold.mkdir()
+    (site / "sitecustomize.py").write_text(_HOLD_AT_START)
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(_CTRL_C_AT_START)
+    env = subprocess_env()
+    env["PYTHONPATH"] = str(site) + os.pathsep + env["PYTHONPATH"]
+    env["ZSTORE_TEST_HOLD"] = str(hold)
+    got = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
+    )
+    out = got.stdout + got.stderr
+    assert got.returncode == 0, out
+    assert "pool: BrokenProcessPool" in out, out  # the worker ended
+    assert "KeyboardInterrupt" not in out and "Traceback" not in out, out
+
+
 def test_ctrl_c_ends_a_conversion_in_one_line(tmp_path):
     """SIGINT to the process group (Ctrl-C) while one worker converts a long item and the
     other waits for a task: one line, no worker's traceback; a rerun finishes the store."""

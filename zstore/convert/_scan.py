@@ -32,6 +32,7 @@ from zstore.convert._source import (
     open_source,
 )
 from zstore.convert._subgroups import merge_subgroups, nested_items
+from zstore.convert._tasks import task_result
 from zstore.convert._virtual import OtherFiles, Others, other_files
 from zstore.errors import SourceError
 from zstore.urls import is_url
@@ -487,7 +488,7 @@ def _walk_shared(
     for part, mine, future in zip(parts, done, futures):
         if mine is None:
             try:
-                mine = future.result()
+                mine = task_result(future)
             except cf.BrokenExecutor:  # a worker died: the scan goes on here, the
                 mine = walk(fid, part)  # writing reports the pool's failure
         out += mine

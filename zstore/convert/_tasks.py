@@ -61,6 +61,17 @@ class Pool(cf.ProcessPoolExecutor):
             initargs=(os.getpid(), self.written),
         )
 
+    def _spawn_process(self) -> None:
+        """Start a worker with SIGINT blocked (the mask survives the exec): a Ctrl-C that
+        reaches it while it starts (its imports take about a second) waits for its
+        initializer, which ends it quietly, where it printed the KeyboardInterrupt
+        traceback of its imports under the converter's one line."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            super()._spawn_process()  # type: ignore[misc]  # CPython 3.9+, not in typeshed
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
 
 def _start_worker(parent: int, written: Any) -> None:
     """Worker initializer: :func:`die_with_parent`, and count bytes in flight into the
@@ -68,6 +79,11 @@ def _start_worker(parent: int, written: Any) -> None:
     global _in_flight
     die_with_parent(parent)
     signal.signal(signal.SIGINT, _interrupted)
+    try:  # a Ctrl-C that came while this worker started (see Pool) is delivered now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.getsignal(signal.SIGINT)  # (a call: the handler runs by this one's end)
+    except SystemExit:
+        os._exit(130)  # ends as an idle worker does: raised here, the pool logs it
 
     def add(nbytes: int) -> None:
         with written.get_lock():
@@ -80,6 +96,20 @@ def _interrupted(signum: int, frame: Any) -> None:
     """Ctrl-C reaches the whole process group: a worker ends quietly (the converter
     says "interrupted"), where an idle one printed Python's traceback of its wait."""
     raise SystemExit(130)
+
+
+def task_result(fut: cf.Future[Any]) -> Any:
+    """A pool task's result.  A worker that Ctrl-C reached inside a task ends it with
+    :func:`_interrupted`'s SystemExit(130), which the pool hands back as the task's
+    exception: taken here before this process's own KeyboardInterrupt, it ended the
+    converter with status 130 and not a word, and would end a caller's Python (a
+    script, a notebook's kernel) as quietly.  It is a KeyboardInterrupt here."""
+    try:
+        return fut.result()
+    except SystemExit as e:
+        if e.code == 130:
+            raise KeyboardInterrupt from None
+        raise
 
 
 def die_with_parent(parent: int) -> None:
@@ -176,7 +206,7 @@ def run_batches(
                 if written is not None:  # a finished item's blocks are taken back by now
                     bar.set_in_flight(written.value, refresh=not done)
                 for fut in done:
-                    results += fut.result()
+                    results += task_result(fut)
                     batch = futures[fut]
                     bar.update(len(batch), sum(it.nbytes for it in batch))
         except cf.BrokenExecutor as e:
